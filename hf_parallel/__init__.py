@@ -1,0 +1,24 @@
+"""hf_parallel: Parallel Prompting for HuggingFace Transformers.
+
+Compute a document's KV cache once and decode all its questions at once, as
+independent streams of one packed row; each answer is what the model would write if
+its question were asked alone.
+"""
+
+from transformers import PreTrainedModel
+
+from .generation import generate_tokens
+from .options import GenerationOptions
+from .prompting import generate_parallel, render_prompts
+
+__all__ = ["generate_parallel", "generate_tokens", "render_prompts", "GenerationOptions"]
+
+
+def _generate_parallel_method(self, document, questions, tokenizer=None, **options):
+    """`model.generate_parallel(document, questions, tokenizer=...)`: see `hf_parallel.generate_parallel`."""
+    if tokenizer is None:
+        raise ValueError("model.generate_parallel needs tokenizer=... to render and decode the prompts")
+    return generate_parallel(self, tokenizer, document, questions, **options)
+
+
+PreTrainedModel.generate_parallel = _generate_parallel_method

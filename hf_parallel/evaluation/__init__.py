@@ -1,0 +1,1 @@
+"""Answer-quality evaluation: dataset loaders, official metrics, batch-prompting baseline."""

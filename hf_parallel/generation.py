@@ -1,0 +1,142 @@
+"""The generation loop: prefill every prompt token once, then decode all streams together.
+
+    prefill   every prompt token of the prefix tree once (shared prefixes once), in
+              slot order and chunks of `prefill_chunk`, keeping one logit row per prompt
+    decode    each step one forward over one new token per live stream, per-token
+              positions, per-stream sampling and stopping; finished streams leave
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import PreTrainedModel
+
+from .attention import use_attention
+from .cache import PackedCache
+from .layout import Layout, build_layout
+from .options import GenerationOptions
+from .plan import AttentionPlan, SlotIds
+from .sampling import Sampler
+
+
+@torch.inference_mode()
+def generate_tokens(model: PreTrainedModel, prompts: list[list[int]], **options) -> list[list[int]]:
+    """Answer every prompt as if alone; shared token prefixes are computed once.
+
+    prompts: P complete prompts (token ids).  Their common prefixes are found from the
+    tokens (a prefix tree of any depth), so one document with many questions, several
+    documents, a shared system prompt or dialogue turns that extend one another all work.
+    options: `GenerationOptions` fields (GenerationConfig names), defaulting to the
+    model's generation_config.
+    Returns P lists of new tokens, each up to and including EOS when generated.
+    """
+    opts = GenerationOptions.resolve(model, **options)
+    if not prompts:
+        return []
+    check_model(model)
+    check_prompts(model, prompts, opts.max_new_tokens)
+    layout = build_layout([list(p) for p in prompts], opts.max_new_tokens, opts.layout == "interleaved")
+    runner = _Runner(model, layout, opts)
+    with use_attention(model, opts.attn):
+        return runner.decode(runner.prefill())
+
+
+class _Runner:
+    """One generation over one packed row: owns the cache and the row's slot ids."""
+
+    def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions):
+        self.model, self.layout, self.opts = model, layout, opts
+        self.device = model.device
+        self.ids = SlotIds.from_layout(layout, self.device)
+        self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def forward(self, q_slot: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """One forward over the tokens written at `q_slot` [N]; logits [len(keep), V] of rows `keep`."""
+        plan = AttentionPlan.for_slots(q_slot, self.ids, self.layout)
+        self.cache.plan = plan
+        out = self.model(
+            input_ids=tokens[None],
+            position_ids=plan.q_pos.long()[None],
+            use_cache=True,
+            logits_to_keep=keep,
+            pp_plan=plan,
+            **{self.cache_arg: self.cache},
+        )
+        return out.logits[0].float()
+
+    def prefill(self) -> torch.Tensor:
+        """Run every prompt token once; logits [P, V] at each prompt's last token."""
+        slots, tokens, _ = self.layout.prompt_slots()
+        last = self.layout.last_prompt_slots()
+        logits = torch.empty(len(last), self.model.config.get_text_config().vocab_size, device=self.device)
+        for start in range(0, len(slots), self.opts.prefill_chunk):
+            chunk = slots[start : start + self.opts.prefill_chunk]
+            rows, prompts, inverse = _last_rows(chunk, last)
+            ids = tokens[start : start + len(chunk)]
+            out = self.forward(chunk.to(self.device), ids.to(self.device), rows.to(self.device))
+            logits[prompts.to(self.device)] = out[inverse.to(self.device)]
+        return logits
+
+    def decode(self, logits: torch.Tensor) -> list[list[int]]:
+        """Sample and feed back one token per live stream until every stream stops."""
+        n = self.layout.num_prompts
+        sampler = Sampler(self.opts, self.device)
+        out = [[] for _ in range(n)]
+        live = torch.arange(n, device=self.device)
+        answer_slots = self.layout.answer_slots.to(self.device)
+        for step in range(self.opts.max_new_tokens):
+            new = sampler(logits, step)
+            for p, token in zip(live.tolist(), new.tolist()):
+                out[p].append(token)
+            keep = ~sampler.is_eos(new)
+            if step + 1 == self.opts.max_new_tokens or not keep.any():
+                break
+            live, new = live[keep], new[keep]
+            logits = self.forward(answer_slots[live, step], new, torch.arange(len(live), device=self.device))
+        return out
+
+
+def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
+    """Which prompts end inside `chunk` (sorted slots), the unique rows they end at, and each one's row index."""
+    idx = torch.searchsorted(chunk, last).clamp(max=len(chunk) - 1)
+    prompts = torch.nonzero(chunk[idx] == last).flatten()
+    rows, inverse = torch.unique(idx[prompts], return_inverse=True)  # duplicate prompts share a row
+    return rows, prompts, inverse
+
+
+def check_model(model: PreTrainedModel) -> None:
+    """Refuse models the packed row cannot serve, naming the reason."""
+    config = model.config.get_text_config()
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotImplementedError(f"{name} is an encoder-decoder model; hf_parallel serves decoder-only causal LMs")
+    if not getattr(model, "_supports_attention_backend", False):
+        raise NotImplementedError(
+            f"{name} does not route attention through transformers' AttentionInterface, so hf_parallel cannot "
+            "apply its stream mask"
+        )
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise NotImplementedError(f"{name}.forward takes no position_ids; per-stream positions need them")
+    if getattr(config, "attention_chunk_size", None):
+        raise NotImplementedError(f"{name} uses chunked attention (attention_chunk_size), which hf_parallel lacks")
+    if model.training:
+        raise ValueError("put the model in eval mode (model.eval()) before generating")
+
+
+def check_prompts(model: PreTrainedModel, prompts, max_new_tokens: int) -> None:
+    """Refuse empty prompts and prompts that would run past the model's positions."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    vocab = model.config.get_text_config().vocab_size
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab})")
+        if limit is not None and len(prompt) + max_new_tokens > limit:
+            raise ValueError(
+                f"prompt {i} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it would exceed the "
+                f"model's {limit} positions (max_position_embeddings)"
+            )

