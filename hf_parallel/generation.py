@@ -39,7 +39,7 @@ def generate_tokens(model: PreTrainedModel, prompts: list[list[int]], **options)
     check_prompts(model, prompts, opts.max_new_tokens)
     layout = build_layout([list(p) for p in prompts], opts.max_new_tokens, opts.layout == "interleaved")
     runner = _Runner(model, layout, opts)
-    with use_attention(model, opts.attn):
+    with use_attention(model, opts.attention_for(model.device)):
         return runner.decode(runner.prefill())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import torch
 from transformers import GenerationConfig, PreTrainedModel
 
 from .attention import IMPLEMENTATIONS
@@ -24,9 +25,13 @@ UNSUPPORTED = {
 class GenerationOptions:
     """What `generate_tokens` honours.  Unset fields default to the model's `generation_config`.
 
-    attn:          attention path, "reference" (dense stream mask + SDPA).
-    layout:        "stream" (stream-major regions, default) or "interleaved" (the paper's ablation).
-    prefill_chunk: most prompt tokens per prefill forward (bounds the dense mask's memory).
+    attn:             attention path: "reference" (dense stream mask + SDPA, the specification),
+                      "triton" (in-kernel stream mask, CUDA), or "auto" (triton on CUDA, else reference).
+    layout:           "stream" (stream-major regions, default) or "interleaved" (the paper's ablation).
+    prefill_chunk:    most prompt tokens per prefill forward (bounds the dense mask's memory).
+    cuda_graphs:      capture the decode step once per shape bucket and replay it (CUDA only).
+    streams_per_tile: streams packed into one row tile of the Triton kernel (None = as many as fit;
+                      1 = every stream reads the document on its own, as a prefix-caching server does).
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -37,9 +42,11 @@ class GenerationOptions:
     top_p: float = 1.0
     eos_token_id: tuple[int, ...] = ()
     seed: int | None = None
-    attn: str = "reference"
+    attn: str = "auto"
     layout: str = "stream"
     prefill_chunk: int = 2048
+    cuda_graphs: bool = True
+    streams_per_tile: int | None = None
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -52,7 +59,9 @@ class GenerationOptions:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.attn not in IMPLEMENTATIONS:
+        if self.streams_per_tile is not None and self.streams_per_tile < 1:
+            raise ValueError(f"streams_per_tile must be >= 1, got {self.streams_per_tile}")
+        if self.attn != "auto" and self.attn not in IMPLEMENTATIONS:
             raise ValueError(f"unknown attention path {self.attn!r}; choose one of {sorted(IMPLEMENTATIONS)}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
@@ -76,6 +85,12 @@ class GenerationOptions:
         merged.update({k: v for k, v in user.items() if k in own and v is not None})
         merged["eos_token_id"] = _as_tuple(merged.get("eos_token_id"))
         return cls(**merged)
+
+    def attention_for(self, device: torch.device) -> str:
+        """The attention path to run on `device` ("auto": triton on CUDA when registered, else reference)."""
+        if self.attn != "auto":
+            return self.attn
+        return "triton" if device.type == "cuda" and "triton" in IMPLEMENTATIONS else "reference"
 
 
 def _as_tuple(eos) -> tuple[int, ...]:
