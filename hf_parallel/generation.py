@@ -13,11 +13,12 @@ import inspect
 import torch
 from transformers import PreTrainedModel
 
-from .attention import use_attention
+from .attention import GRAPH_STATES, use_attention
 from .cache import PackedCache
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .plan import AttentionPlan, SlotIds
+from .graphs import DecodeGraphs
 from .sampling import Sampler
 
 
@@ -53,9 +54,19 @@ class _Runner:
         self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def forward(self, q_slot: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """One forward over the tokens written at `q_slot` [N]; logits [len(keep), V] of rows `keep`."""
-        plan = AttentionPlan.for_slots(q_slot, self.ids, self.layout)
+    def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
+        """The plan of a forward over the tokens written at `q_slot` [N]."""
+        plan = AttentionPlan.for_slots(q_slot, self.ids, self.layout, kv_len)
+        plan.cache["streams_per_tile"] = self.opts.streams_per_tile
+        return plan
+
+    def graph_attention_state(self, bucket: int):
+        """Static per-graph state of the attention path (the Triton tile plan), or None."""
+        factory = GRAPH_STATES.get(self.opts.attention_for(self.device))
+        return factory(self, bucket) if factory is not None else None
+
+    def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`."""
         self.cache.plan = plan
         out = self.model(
             input_ids=tokens[None],
@@ -76,7 +87,7 @@ class _Runner:
             chunk = slots[start : start + self.opts.prefill_chunk]
             rows, prompts, inverse = _last_rows(chunk, last)
             ids = tokens[start : start + len(chunk)]
-            out = self.forward(chunk.to(self.device), ids.to(self.device), rows.to(self.device))
+            out = self.forward(self.plan(chunk.to(self.device)), ids.to(self.device), rows.to(self.device))
             logits[prompts.to(self.device)] = out[inverse.to(self.device)]
         return logits
 
@@ -84,19 +95,30 @@ class _Runner:
         """Sample and feed back one token per live stream until every stream stops."""
         n = self.layout.num_prompts
         sampler = Sampler(self.opts, self.device)
-        out = [[] for _ in range(n)]
+        step_fn = self._decode_step_fn()
+        out = torch.full((n, self.opts.max_new_tokens), -1, dtype=torch.long, device=self.device)
         live = torch.arange(n, device=self.device)
         answer_slots = self.layout.answer_slots.to(self.device)
+        changed = True  # the set of live streams changed since the last step
         for step in range(self.opts.max_new_tokens):
             new = sampler(logits, step)
-            for p, token in zip(live.tolist(), new.tolist()):
-                out[p].append(token)
+            out[live, step] = new
             keep = ~sampler.is_eos(new)
             if step + 1 == self.opts.max_new_tokens or not keep.any():
                 break
-            live, new = live[keep], new[keep]
-            logits = self.forward(answer_slots[live, step], new, torch.arange(len(live), device=self.device))
-        return out
+            if not keep.all():
+                live, new, changed = live[keep], new[keep], True
+            logits = step_fn(answer_slots[live, step], new, changed)
+            changed = False
+        return [[t for t in row if t >= 0] for row in out.tolist()]
+
+    def _decode_step_fn(self):
+        """Eager forward, or CUDA-graph replay when asked for and possible."""
+        if self.opts.cuda_graphs and self.device.type == "cuda":
+            return DecodeGraphs(self)
+        return lambda q_slot, tokens, changed: self.forward(
+            self.plan(q_slot), tokens, torch.arange(len(tokens), device=self.device)
+        )
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):

@@ -51,7 +51,14 @@ class AttentionPlan:
     cache: dict = field(default_factory=dict, repr=False)  # per-forward memo (e.g. the dense mask)
 
     @classmethod
-    def for_slots(cls, q_slot: torch.Tensor, ids: SlotIds, layout: Layout | None = None) -> "AttentionPlan":
-        """Plan a forward over the tokens written at `q_slot` ([N] int64, on the ids' device)."""
-        kv_len = int(q_slot.max()) + 1
+    def for_slots(
+        cls, q_slot: torch.Tensor, ids: SlotIds, layout: Layout | None = None, kv_len: int | None = None
+    ) -> "AttentionPlan":
+        """Plan a forward over the tokens written at `q_slot` ([N] int64, on the ids' device).
+
+        `kv_len` defaults to the last slot any query may see (a host sync); a CUDA graph
+        passes the row's capacity instead, so the plan is built from device ops alone.
+        """
+        if kv_len is None:
+            kv_len = int(q_slot.max()) + 1
         return cls(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, layout)

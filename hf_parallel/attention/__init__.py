@@ -15,8 +15,19 @@ from transformers import AttentionInterface, PreTrainedModel
 from .reference import reference_attention
 
 IMPLEMENTATIONS = {"reference": "hf_parallel_reference"}
+# attention path -> factory(runner, bucket) of the static state a captured decode step needs
+# (an object with `install(plan)` and `refill(slots)`); paths with none are absent.
+GRAPH_STATES: dict = {}
 
 AttentionInterface.register(IMPLEMENTATIONS["reference"], reference_attention)
+
+try:  # the Triton path is optional: without triton the package serves the reference path alone
+    from .triton import triton_attention
+except ImportError:
+    pass
+else:
+    IMPLEMENTATIONS["triton"] = "hf_parallel_triton"
+    AttentionInterface.register(IMPLEMENTATIONS["triton"], triton_attention)
 
 
 @contextlib.contextmanager

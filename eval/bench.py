@@ -1,0 +1,323 @@
+"""Benchmark: Parallel Prompting vs stock Transformers and the bandwidth roofline.
+
+Paired, seeded runs on identical inputs (documents are slices of War and Peace chosen by
+the seed; question i is "Summarize the main point of paragraph i."; answers are forced to
+`--answer-tokens` tokens, no early EOS) of:
+
+  stock        every question its own row, the document's KV prefilled once and copied into
+               each row, `model.generate` greedy, rows chunked to fit memory
+  pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
+  pp_triton    hf_parallel, Triton stream-id kernel, CUDA graphs
+  pp_p1        the same kernel with one stream per row tile (each stream reads the document
+               itself, as a prefix-caching server does): the ratio isolates reading once
+  pp_interleaved  the reference paper's interleaved layout (ablation)
+
+and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting
+weights + the document KV once + each stream's own KV per step (and the FLOPs).
+
+    python eval/bench.py --model codellama-7b --out results/bench
+
+Stock HF at full size takes minutes per workload, so by default it is timed on one chunk
+of rows at two answer lengths and extrapolated linearly (`--stock full` runs it all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_parallel
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
+SHAPES = {  # random bf16 weights with real shapes: timing does not depend on weight values
+    "codellama-7b": lambda: transformers.LlamaConfig(
+        vocab_size=32016, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=16384 + 4096,
+        rope_theta=1e6),
+    "qwen2.5-7b": lambda: transformers.Qwen2Config(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6),
+    "tiny": lambda: transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=8192),
+}  # fmt: skip
+METHODS = {
+    "pp_triton": dict(attn="triton"),
+    "pp_reference": dict(attn="reference"),
+    "pp_p1": dict(attn="triton", streams_per_tile=1),
+    "pp_interleaved": dict(attn="triton", layout="interleaved"),
+}
+
+
+@dataclass
+class Workload:
+    name: str
+    doc_tokens: int
+    questions: int  # per document
+    answer_tokens: int
+    documents: int = 1
+
+
+def grids(kind: str, scale: float) -> list[Workload]:
+    s = lambda n: max(8, int(n * scale))  # noqa: E731
+    if kind == "grid":
+        return [Workload(f"{d // 1024}k x {q}q", s(d), q, 128) for d in (8192, 16384) for q in (64, 128, 256)]
+    if kind == "answers":
+        return [Workload(f"8k x 128q x {a}a", s(8192), 128, a) for a in (128, 256, 512, 1024)]
+    if kind == "docs":
+        return [Workload(f"{n} docs x 4k x 64q", s(4096), 64, 128, n) for n in (1, 4, 16)]
+    raise ValueError(kind)
+
+
+def book_tokens(tokenizer, vocab: int) -> list[int]:
+    text = gzip.open(BOOK, "rt", encoding="utf-8-sig").read().replace("\r\n", "\n")
+    if tokenizer is None:  # no tokenizer carried: words hashed into the vocabulary (timing is the same)
+        return [hash(w) % (vocab - 3) + 3 for w in text.split()]
+    return [t % vocab for t in tokenizer(text)["input_ids"]]
+
+
+def make_prompts(book: list[int], work: Workload, seed: int, encode, vocab: int) -> list[list[int]]:
+    """The seed picks each document's slice of the book; question i is the paragraph-i template."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(work.documents):
+        start = int(torch.randint(0, len(book) - work.doc_tokens, (1,), generator=gen))
+        doc = book[start : start + work.doc_tokens]
+        prompts += [doc + [t % vocab for t in encode(f"Summarize the main point of paragraph {i + 1}.")]
+                    for i in range(work.questions)]  # fmt: skip
+    return prompts
+
+
+def timed(fn) -> tuple[float, object]:
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    start = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    return time.perf_counter() - start, out
+
+
+def run_pp(model, prompts, work: Workload, options: dict) -> dict:
+    run = lambda n: hf_parallel.generate_tokens(  # noqa: E731
+        model, prompts, max_new_tokens=n, eos_token_id=[], prefill_chunk=8192, **options)
+    run(2)  # warm-up: kernel compilation, graph capture of this bucket
+    prefill_s, _ = timed(lambda: run(1))
+    total_s, out = timed(lambda: run(work.answer_tokens))
+    assert all(len(o) == work.answer_tokens for o in out)
+    return dict(total_s=total_s, prefill_s=prefill_s, decode_s=total_s - prefill_s)
+
+
+def run_stock(model, prompts, work: Workload, rows: int, full: bool) -> dict:
+    """Stock Transformers: the document prefilled once, its KV copied into each row of a chunk."""
+    doc_len = work.doc_tokens
+    per_doc = work.questions
+    device = model.device
+    doc_prefill_s, caches = timed(lambda: [_prefill(model, prompts[d * per_doc][:doc_len], device)
+                                           for d in range(work.documents)])  # fmt: skip
+    chunks = [(d, prompts[d * per_doc + i : d * per_doc + min(i + rows, per_doc)])
+              for d in range(work.documents) for i in range(0, per_doc, rows)]  # fmt: skip
+    if full:
+        chunk_s = sum(timed(lambda: _generate_chunk(model, caches[d], c, doc_len, work.answer_tokens))[0]
+                      for d, c in chunks)  # fmt: skip
+        return dict(total_s=doc_prefill_s + chunk_s, prefill_s=doc_prefill_s, extrapolated=False)
+    d, chunk = chunks[0]
+    _generate_chunk(model, caches[d], chunk, doc_len, 2)  # warm-up
+    short, long = 4, 16
+    t_short = timed(lambda: _generate_chunk(model, caches[d], chunk, doc_len, short))[0]
+    t_long = timed(lambda: _generate_chunk(model, caches[d], chunk, doc_len, long))[0]
+    per_token = (t_long - t_short) / (long - short)
+    chunk_s = t_short + per_token * (work.answer_tokens - short)
+    return dict(total_s=doc_prefill_s + len(chunks) * chunk_s, prefill_s=doc_prefill_s, extrapolated=True,
+                chunk_rows=len(chunk), measured_chunk_s={short: t_short, long: t_long})  # fmt: skip
+
+
+def _prefill(model, doc: list[int], device):
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([doc], device=device), past_key_values=cache, use_cache=True,
+              logits_to_keep=1)  # fmt: skip
+    return cache
+
+
+def _generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
+    """Rows = doc + [pad]*k + question (questions differ in length; pads are masked out)."""
+    width = max(len(p) for p in prompts) - doc_len
+    ids, mask = [], []
+    for p in prompts:
+        pad = width - (len(p) - doc_len)
+        ids.append(p[:doc_len] + [0] * pad + p[doc_len:])
+        mask.append([1] * doc_len + [0] * pad + [1] * (len(p) - doc_len))
+    cache = transformers.DynamicCache(config=model.config)
+    for layer, src in enumerate(doc_cache.layers):  # the document's KV copied into every row
+        cache.update(src.keys.expand(len(prompts), -1, -1, -1).contiguous(),
+                     src.values.expand(len(prompts), -1, -1, -1).contiguous(), layer)  # fmt: skip
+    device = model.device
+    with torch.inference_mode():
+        return model.generate(torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
+                              past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, pad_token_id=0, eos_token_id=None)  # fmt: skip
+
+
+def measure_ceilings(device) -> dict:
+    """Copy bandwidth (bytes read + written) and bf16 matmul rate, measured here and now."""
+    if device.type != "cuda":
+        return dict(bandwidth=50e9, matmul=1e12, measured=False)
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    copy_s = _median_time(lambda: y.copy_(x))
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    mm_s = _median_time(lambda: a @ a)
+    del x, y
+    return dict(bandwidth=2 * 2 * 1024**3 / copy_s, matmul=2 * 8192**3 / mm_s, measured=True)
+
+
+def _median_time(fn, reps: int = 10) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def roofline(config, prompts, work: Workload, ceilings: dict) -> dict:
+    """Lower bound on time: per forward max(bytes / bandwidth, flops / matmul rate)."""
+    c = config
+    head_dim = c.hidden_size // c.num_attention_heads
+    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2  # bf16 K and V
+    params = sum(_linear_params(c))
+    weights = 2 * (params + c.vocab_size * c.hidden_size)
+    attn_flops = lambda q, k: 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * q * k  # noqa: E731
+    doc, n = work.doc_tokens, len(prompts)
+    q_lens = [len(p) - doc for p in prompts]
+    new_prompt_tokens = work.documents * doc + sum(q_lens)
+    prefill_flops = 2 * params * new_prompt_tokens + work.documents * attn_flops(doc, doc / 2)
+    prefill_flops += sum(attn_flops(q, doc + q / 2) for q in q_lens)
+    prefill = max((weights + kv_token * new_prompt_tokens) / ceilings["bandwidth"], prefill_flops / ceilings["matmul"])
+    decode = 0.0
+    for t in range(1, work.answer_tokens):
+        own = sum(q + t for q in q_lens)
+        step_bytes = weights + kv_token * (work.documents * doc + own)
+        step_flops = 2 * params * n + attn_flops(n, doc) + attn_flops(1, own)
+        decode += max(step_bytes / ceilings["bandwidth"], step_flops / ceilings["matmul"])
+    return dict(roofline_s=prefill + decode, roofline_prefill_s=prefill, roofline_decode_s=decode)
+
+
+def _linear_params(c):
+    head_dim = c.hidden_size // c.num_attention_heads
+    attn = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    return [c.num_hidden_layers * (attn + mlp), c.vocab_size * c.hidden_size]  # layers + lm head
+
+
+def build_model(shape: str, device):
+    torch.manual_seed(0)
+    config = SHAPES[shape]()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r["model"] + " | " + r["workload"] for r in results}, key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s))
+    methods = [m for m in ["stock", "pp_reference", "pp_interleaved", "pp_p1", "pp_triton", "roofline"]
+               if any(r["method"] == m for r in results)]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
+    width = 0.8 / len(methods)
+    for i, method in enumerate(methods):
+        vals = [next((r["total_s"] for r in results if r["method"] == method and r["model"] + " | " + r["workload"] == n), float("nan")) for n in names]
+        ax.bar([j + i * width for j in range(len(names))], vals, width, label=method)
+    ax.set_yscale("log")
+    ax.set_ylabel("wall time (s, log)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=60, ha="right", fontsize=7)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def table(results: list[dict]) -> str:
+    rows = ["| model | workload | method | total s | decode s | vs stock | vs P=1 | roofline s | roofline / time |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for r in results:
+        vs = lambda m: _ratio(results, r, m)  # noqa: E731
+        rows.append(f"| {r['model']} | {r['workload']} | {r['method']}{' (extrap.)' if r.get('extrapolated') else ''} "
+                    f"| {r['total_s']:.2f} | {r.get('decode_s', float('nan')):.2f} | {vs('stock')} | {vs('pp_p1')} "
+                    f"| {r['roofline_s']:.2f} | {r['roofline_s'] / r['total_s']:.2f} |")  # fmt: skip
+    return "\n".join(rows)
+
+
+def _ratio(results, r, method) -> str:
+    other = next((o for o in results if o["method"] == method and o["workload"] == r["workload"]
+                  and o["model"] == r["model"]), None)  # fmt: skip
+    return f"{other['total_s'] / r['total_s']:.1f}x" if other else "-"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
+    parser.add_argument("--workloads", default="grid,answers,docs", help="comma list of grid, answers, docs")
+    parser.add_argument("--methods", default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved")
+    parser.add_argument("--stock", choices=["extrapolate", "full"], default="extrapolate")
+    parser.add_argument("--stock-rows", type=int, default=16, help="rows per stock generate call")
+    parser.add_argument("--scale", type=float, default=1.0, help="scale document lengths (for quick checks)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", default=None, help="folder of a tokenizer (else words hashed into ids)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    model = build_model(args.model, device)
+    vocab = model.config.vocab_size
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else None
+    encode = (lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]) if tokenizer else (
+        lambda s: [hash(w) % (vocab - 3) + 3 for w in s.split()])  # fmt: skip
+    book = book_tokens(tokenizer, vocab)
+    ceilings = measure_ceilings(device)
+    print(f"ceilings: copy {ceilings['bandwidth'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul'] / 1e12:.0f} TFLOP/s")
+    results = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{args.model}{args.tag}"
+    for kind in args.workloads.split(","):
+        for work in grids(kind, args.scale):
+            prompts = make_prompts(book, work, args.seed, encode, vocab)
+            bound = roofline(model.config, prompts, work, ceilings)
+            for method in args.methods.split(","):
+                try:
+                    if method == "stock":
+                        res = run_stock(model, prompts, work, args.stock_rows, args.stock == "full")
+                    else:
+                        res = run_pp(model, prompts, work, METHODS[method])
+                except Exception as err:  # report and go on: one failure must not lose the other figures
+                    res = dict(error=f"{type(err).__name__}: {err}", total_s=float("nan"))
+                    torch.cuda.empty_cache() if device.type == "cuda" else None
+                row = dict(model=args.model, workload=work.name, method=method, kind=kind, **asdict(work), **res,
+                           **bound, seed=args.seed)  # fmt: skip
+                results.append(row)
+                print(json.dumps({k: v for k, v in row.items() if not isinstance(v, dict)}), flush=True)
+                (args.out / f"{stem}.json").write_text(json.dumps(dict(ceilings=ceilings, results=results), indent=1))
+    print(table(results))
+    (args.out / f"{stem}.md").write_text(table(results) + "\n")
+    plot(results, args.out / f"{stem}.png")
+
+
+if __name__ == "__main__":
+    main()
