@@ -18,7 +18,7 @@ from .cache import PackedCache
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .plan import AttentionPlan, SlotIds
-from .graphs import DecodeGraphs
+from .graphs import StaticRow
 from .sampling import Sampler
 
 
@@ -40,18 +40,28 @@ def generate_tokens(model: PreTrainedModel, prompts: list[list[int]], **options)
     check_prompts(model, prompts, opts.max_new_tokens)
     layout = build_layout([list(p) for p in prompts], opts.max_new_tokens, opts.layout == "interleaved")
     runner = _Runner(model, layout, opts)
-    with use_attention(model, opts.attention_for(model.device)):
+    with use_attention(model, runner.attn):
         return runner.decode(runner.prefill())
 
 
 class _Runner:
-    """One generation over one packed row: owns the cache and the row's slot ids."""
+    """One generation over one packed row: the row's cache and slot ids, and its forwards.
+
+    With CUDA graphs the row is a `StaticRow` kept on the model and reused by later
+    calls (same buffers, so the captured decode steps replay); otherwise it is fresh.
+    """
 
     def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions):
         self.model, self.layout, self.opts = model, layout, opts
         self.device = model.device
-        self.ids = SlotIds.from_layout(layout, self.device)
-        self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
+        self.attn = opts.attention_for(self.device)
+        self.row = StaticRow.for_model(model, layout) if opts.cuda_graphs and self.device.type == "cuda" else None
+        if self.row is not None:
+            self.ids, self.cache, self.capacity = self.row.load(layout), self.row.cache, self.row.capacity
+        else:
+            self.ids = SlotIds.from_layout(layout, self.device)
+            self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
+            self.capacity = layout.num_slots
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
@@ -62,7 +72,7 @@ class _Runner:
 
     def graph_attention_state(self, bucket: int):
         """Static per-graph state of the attention path (the Triton tile plan), or None."""
-        factory = GRAPH_STATES.get(self.opts.attention_for(self.device))
+        factory = GRAPH_STATES.get(self.attn)
         return factory(self, bucket) if factory is not None else None
 
     def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -114,8 +124,8 @@ class _Runner:
 
     def _decode_step_fn(self):
         """Eager forward, or CUDA-graph replay when asked for and possible."""
-        if self.opts.cuda_graphs and self.device.type == "cuda":
-            return DecodeGraphs(self)
+        if self.row is not None:
+            return self.row.graphs.bind(self)
         return lambda q_slot, tokens, changed: self.forward(
             self.plan(q_slot), tokens, torch.arange(len(tokens), device=self.device)
         )

@@ -1,9 +1,10 @@
-"""CUDA-graph capture of the decode step, once per bucket of live streams.
+"""CUDA-graph capture of the decode step, once per bucket of live streams and row capacity.
 
 Each decode step is one forward over one token per live stream.  Its shape only
-depends on the number of live streams, so the step is captured once per bucket
-(live count rounded up to a power of two) with the row's full capacity as kv_len,
-and replayed with the step's slots and tokens written in place into static tensors.
+depends on the number of live streams and the row's capacity, so the step is captured
+once per bucket (live count rounded up to a power of two) over a `StaticRow` (cache
+and slot ids of a fixed capacity, kept on the model and reused by later calls), with
+the capacity as kv_len, and replayed with the step's slots and tokens written in place.
 Padding rows repeat the last live row: they write the same K/V to the same slot, so
 they change nothing, and their logits are dropped.  Capture is opt-out
 (`cuda_graphs=False`) and falls back to eager steps with a warning if it fails.
@@ -16,6 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache import PackedCache
+from .layout import Layout
+from .plan import SlotIds
+
 
 @dataclass
 class _Captured:
@@ -26,24 +31,71 @@ class _Captured:
     attn_state: object  # the attention path's static per-graph state (None for the reference)
 
 
-class DecodeGraphs:
-    """Callable `(q_slot [n], tokens [n], changed) -> logits [n, V]` replaying captured steps."""
+ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share captured graphs
 
-    def __init__(self, runner):
-        self.runner = runner
-        self.captured: dict[int, _Captured] = {}
+
+class StaticRow:
+    """A packed row of fixed capacity (cache + slot-id buffers) and its captured decode steps.
+
+    Kept on the model (`model._hf_parallel_row`) while it is large enough; a call that
+    needs more slots replaces it.  Slots past the current layout carry segment -1, so
+    no query sees them.
+    """
+
+    def __init__(self, model, capacity: int):
+        config = model.config.get_text_config()
+        self.capacity, self.dtype = capacity, model.dtype
+        self.cache = PackedCache(config.num_hidden_layers, capacity)
+        self.slot_seg = torch.full((capacity,), -1, dtype=torch.int32, device=model.device)
+        self.slot_pos = torch.zeros(capacity, dtype=torch.int32, device=model.device)
+        self.seg_end = torch.zeros(capacity, dtype=torch.int32, device=model.device)
+        self.graphs = DecodeGraphs()
+
+    @classmethod
+    def for_model(cls, model, layout: Layout) -> "StaticRow":
+        row = getattr(model, "_hf_parallel_row", None)
+        if row is None or row.capacity < layout.num_slots or row.dtype != model.dtype:
+            model._hf_parallel_row = None  # free the old row before allocating the new one
+            capacity = -(-layout.num_slots // ROW_ROUNDING) * ROW_ROUNDING
+            row = model._hf_parallel_row = cls(model, capacity)
+        return row
+
+    def load(self, layout: Layout) -> SlotIds:
+        """Write `layout`'s ids into the static buffers; ids of the full capacity."""
+        n, g = layout.num_slots, len(layout.segments)
+        self.slot_seg.fill_(-1)
+        self.slot_seg[:n].copy_(layout.slot_seg)
+        self.slot_pos[:n].copy_(layout.slot_pos)
+        self.seg_end[:g].copy_(layout.seg_end)
+        return SlotIds(self.slot_seg, self.slot_pos, self.seg_end)
+
+
+class DecodeGraphs:
+    """Callable `(q_slot [n], tokens [n], changed) -> logits [n, V]` replaying captured steps.
+
+    Graphs are keyed by (bucket, attention path, streams_per_tile); `bind` the runner of
+    the current call before use (it supplies the layout and the eager fallback).
+    """
+
+    def __init__(self):
+        self.runner = None
+        self.captured: dict[tuple, _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle()
         self.failed = False
+
+    def bind(self, runner) -> "DecodeGraphs":
+        self.runner = runner
+        return self
 
     def __call__(self, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> torch.Tensor:
         n = len(tokens)
         if not self.failed:
-            bucket = 1 << (n - 1).bit_length()
+            key = (1 << (n - 1).bit_length(), self.runner.attn, self.runner.opts.streams_per_tile)
             try:
-                if bucket not in self.captured:
-                    self.captured[bucket] = self._capture(bucket, q_slot, tokens)
+                if key not in self.captured:
+                    self.captured[key] = self._capture(key[0], q_slot, tokens)
                     changed = True
-                return self._replay(self.captured[bucket], q_slot, tokens, changed)
+                return self._replay(self.captured[key], q_slot, tokens, changed)
             except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
                 warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly")
                 self.failed = True
@@ -60,7 +112,7 @@ class DecodeGraphs:
     def _replay(self, cap: _Captured, q_slot, tokens, changed: bool) -> torch.Tensor:
         self._fill(cap, q_slot, tokens)
         if changed and cap.attn_state is not None:
-            cap.attn_state.refill(cap.slots)
+            cap.attn_state.refill(cap.slots, self.runner.layout)
         cap.graph.replay()
         return cap.logits[: len(tokens)]
 
@@ -73,10 +125,10 @@ class DecodeGraphs:
         cap = _Captured(None, slots, static_tokens, None, attn_state)
         self._fill(cap, q_slot, tokens)
         if attn_state is not None:
-            attn_state.refill(slots)
+            attn_state.refill(slots, runner.layout)
 
         def step():
-            plan = runner.plan(slots, kv_len=runner.layout.num_slots)
+            plan = runner.plan(slots, kv_len=runner.capacity)
             if attn_state is not None:
                 attn_state.install(plan)
             return runner.forward(plan, static_tokens, keep)
