@@ -16,7 +16,7 @@ from .reference import reference_attention
 
 IMPLEMENTATIONS = {"reference": "hf_parallel_reference"}
 # attention path -> factory(runner, bucket) of the static state a captured decode step needs
-# (an object with `install(plan)` and `refill(slots)`); paths with none are absent.
+# (an object with `install(plan)` and `refill(slots, layout)`); paths with none are absent.
 GRAPH_STATES: dict = {}
 
 AttentionInterface.register(IMPLEMENTATIONS["reference"], reference_attention)
