@@ -139,6 +139,13 @@ def run_stock(model, prompts, work: Workload, rows: int, full: bool) -> dict:
                 chunk_rows=len(chunk), measured_chunk_s={short: t_short, long: t_long})  # fmt: skip
 
 
+def stock_rows(config, work: Workload, most: int, budget_bytes: float = 64e9) -> int:
+    """Rows per stock chunk: at most `most`, and the copied document KV within `budget_bytes`."""
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_row = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2 * (work.doc_tokens + 1200)
+    return max(1, min(most, int(budget_bytes // per_row)))
+
+
 def _prefill(model, doc: list[int], device):
     cache = transformers.DynamicCache(config=model.config)
     with torch.inference_mode():
@@ -274,7 +281,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
     parser.add_argument("--workloads", default="grid,answers,docs", help="comma list of grid, answers, docs")
-    parser.add_argument("--methods", default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved")
+    parser.add_argument("--methods", default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved",
+                        help="comma list; METHOD@W1|W2 runs METHOD only on the named workloads")
+    parser.add_argument("--deadline-s", type=float, default=float("inf"),
+                        help="skip the runs left after this many seconds (the table and plot are still written)")
     parser.add_argument("--stock", choices=["extrapolate", "full"], default="extrapolate")
     parser.add_argument("--stock-rows", type=int, default=16, help="rows per stock generate call")
     parser.add_argument("--scale", type=float, default=1.0, help="scale document lengths (for quick checks)")
@@ -283,7 +293,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--plot", type=Path, help="only redraw the table and plot of a results JSON")
     args = parser.parse_args(argv)
+    if args.plot:
+        results = json.loads(args.plot.read_text())["results"]
+        print(table(results))
+        plot(results, args.plot.with_suffix(".png"))
+        return
     device = torch.device(args.device)
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
@@ -296,14 +312,19 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{args.model}{args.tag}"
+    methods = [m.split("@") for m in args.methods.split(",")]
+    started = time.perf_counter()
     for kind in args.workloads.split(","):
         for work in grids(kind, args.scale):
             prompts = make_prompts(book, work, args.seed, encode, vocab)
             bound = roofline(model.config, prompts, work, ceilings)
-            for method in args.methods.split(","):
+            for method, *only in methods:
+                if (only and work.name not in only[0].split("|")) or time.perf_counter() - started > args.deadline_s:
+                    continue
                 try:
                     if method == "stock":
-                        res = run_stock(model, prompts, work, args.stock_rows, args.stock == "full")
+                        rows = stock_rows(model.config, work, args.stock_rows)
+                        res = run_stock(model, prompts, work, rows, args.stock == "full")
                     else:
                         res = run_pp(model, prompts, work, METHODS[method])
                 except Exception as err:  # report and go on: one failure must not lose the other figures
@@ -316,7 +337,10 @@ def main(argv: list[str] | None = None) -> None:
                 (args.out / f"{stem}.json").write_text(json.dumps(dict(ceilings=ceilings, results=results), indent=1))
     print(table(results))
     (args.out / f"{stem}.md").write_text(table(results) + "\n")
-    plot(results, args.out / f"{stem}.png")
+    try:
+        plot(results, args.out / f"{stem}.png")
+    except ImportError as err:  # no matplotlib on this machine: `--plot JSON` draws it elsewhere
+        print(f"no plot: {err}")
 
 
 if __name__ == "__main__":

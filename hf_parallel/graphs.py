@@ -92,10 +92,13 @@ class DecodeGraphs:
         if not self.failed:
             key = (1 << (n - 1).bit_length(), self.runner.attn, self.runner.opts.streams_per_tile)
             try:
+                if key in self.captured and not self._refresh(self.captured[key], q_slot, tokens, changed):
+                    del self.captured[key]  # this layout outgrew the graph's static tile plan
                 if key not in self.captured:
-                    self.captured[key] = self._capture(key[0], q_slot, tokens)
-                    changed = True
-                return self._replay(self.captured[key], q_slot, tokens, changed)
+                    self.captured[key] = self._capture(key[0], q_slot, tokens)  # filled as it is captured
+                cap = self.captured[key]
+                cap.graph.replay()
+                return cap.logits[:n]
             except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
                 warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly")
                 self.failed = True
@@ -109,12 +112,15 @@ class DecodeGraphs:
         cap.slots[n:].copy_(q_slot[-1:].expand(b - n))
         cap.tokens[n:].copy_(tokens[-1:].expand(b - n))
 
-    def _replay(self, cap: _Captured, q_slot, tokens, changed: bool) -> torch.Tensor:
+    def _refresh(self, cap: _Captured, q_slot, tokens, changed: bool) -> bool:
+        """Write this step's inputs (and, if the live streams changed, the tile plan); False if it cannot fit."""
         self._fill(cap, q_slot, tokens)
         if changed and cap.attn_state is not None:
-            cap.attn_state.refill(cap.slots, self.runner.layout)
-        cap.graph.replay()
-        return cap.logits[: len(tokens)]
+            try:
+                cap.attn_state.refill(cap.slots, self.runner.layout)
+            except ValueError:
+                return False
+        return True
 
     def _capture(self, bucket: int, q_slot: torch.Tensor, tokens: torch.Tensor) -> _Captured:
         runner, device = self.runner, tokens.device
@@ -123,9 +129,8 @@ class DecodeGraphs:
         keep = torch.arange(bucket, device=device)
         attn_state = runner.graph_attention_state(bucket)
         cap = _Captured(None, slots, static_tokens, None, attn_state)
-        self._fill(cap, q_slot, tokens)
-        if attn_state is not None:
-            attn_state.refill(slots, runner.layout)
+        if not self._refresh(cap, q_slot, tokens, True):
+            raise RuntimeError("a freshly allocated tile plan cannot hold this layout")
 
         def step():
             plan = runner.plan(slots, kv_len=runner.capacity)

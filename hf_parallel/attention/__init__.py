@@ -22,12 +22,14 @@ GRAPH_STATES: dict = {}
 AttentionInterface.register(IMPLEMENTATIONS["reference"], reference_attention)
 
 try:  # the Triton path is optional: without triton the package serves the reference path alone
+    from .tiles import GraphTiles
     from .triton import triton_attention
 except ImportError:
     pass
 else:
     IMPLEMENTATIONS["triton"] = "hf_parallel_triton"
     AttentionInterface.register(IMPLEMENTATIONS["triton"], triton_attention)
+    GRAPH_STATES["triton"] = GraphTiles
 
 
 @contextlib.contextmanager

@@ -1,0 +1,276 @@
+"""GPU check of the Triton stream-id kernel: its tests at full size, then decode-step timings.
+
+    PYTHONUNBUFFERED=1 python3 eval/gpu_kernel_check.py --out $OUT
+
+1. `pytest tests/test_triton_kernel.py` on the GPU (log: pytest.log).
+2. One decode step's attention per layer: a CUDA graph over enough layers (each its own K/V)
+   that their KV is several times the L2, as in a real step; median over replays, per layer:
+   an 8192-token document and P streams, each seeing a 128-slot own region (32 question
+   tokens + 96 answer tokens), for CodeLlama-7B (32 heads, MHA, D=128) and Qwen2.5-7B
+   (28 query heads, 4 KV heads, D=128), bf16, P = 64 and 256:
+     sdpa_dense   the reference path: dense stream mask + SDPA over all kv_len slots
+     triton       the kernel, default tile plan and launch config
+     triton_interleaved  the paper's layout (CodeLlama P=64 only)
+     triton_p1    the kernel with one stream per row tile (every stream reads the document)
+     sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
+   Bytes counted as the minimum a step must move: the document's KV once, each stream's
+   own KV, q and o; bandwidth is against the copy bandwidth measured in the same run.
+   Also the last 2048-token prefill chunk of the document (causal), kernel configs vs SDPA.
+Results: results.json and summary.md under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hf_parallel.attention.reference import reference_attention  # noqa: E402
+from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
+from hf_parallel.attention.triton import KernelConfig, default_config, stream_attention  # noqa: E402
+from hf_parallel.layout import build_layout  # noqa: E402
+from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
+
+SHAPES = {"codellama-7b": (32, 32, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, KV heads, head dim
+DOC, QUESTION, ANSWER = 8192, 32, 96  # own region = QUESTION + ANSWER = 128 slots
+L2_FLUSH_BYTES = 400e6  # KV moved per timed graph: several times the H200's 60 MB L2, so no layer finds it warm
+MODULE = torch.nn.Module().eval()
+
+
+def run_tests(out: Path, timeout: int) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "tests/test_triton_kernel.py", "-q", "-n", "8", "-p", "no:cacheprovider",
+           "--durations=10"]  # fmt: skip
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as err:
+        log, rc = f"{err.stdout or ''}{err.stderr or ''}\nTIMEOUT after {timeout} s", -1
+    (out / "pytest.log").write_text(log if isinstance(log, str) else log.decode())
+    tail = [line for line in str(log).splitlines() if line.strip()][-3:]
+    print("pytest:", rc, *tail, f"({time.time() - start:.0f} s)", sep="\n  ")
+    return {"returncode": rc, "summary": tail, "seconds": round(time.time() - start)}
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the ceiling)."""
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), return_mode="median")
+    return 2 * x.numel() / (ms * 1e-3)
+
+
+def decode_case(shape: str, streams: int, interleaved: bool = False):
+    """Layout, plan, q, per-layer K/V views and counted bytes of one decode step at the last answer step."""
+    heads, kv_heads, dim = SHAPES[shape]
+    gen = torch.Generator().manual_seed(streams)
+    doc = torch.randint(3, 30000, (DOC,), generator=gen).tolist()
+    prompts = [doc + torch.randint(3, 30000, (QUESTION,), generator=gen).tolist() for _ in range(streams)]
+    layout = build_layout(prompts, ANSWER, interleaved)
+    ids = SlotIds.from_layout(layout, torch.device("cuda"))
+    q_slot = layout.answer_slots[:, ANSWER - 1].cuda().contiguous()
+    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids, layout)
+    q = torch.randn(1, heads, streams, dim, device="cuda", dtype=torch.bfloat16)
+    step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (QUESTION + ANSWER)) + 2 * 2 * streams * heads * dim
+    layers = max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
+    kv = []
+    for _ in range(layers):
+        cache = [torch.randn(1, kv_heads, layout.num_slots, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
+        kv.append(tuple(c[:, :, : plan.kv_len] for c in cache))
+    return layout, plan, q, kv, step_bytes
+
+
+def measure(fns, replays: int = 5, samples: int = 10) -> float:
+    """Microseconds per call: `fns` (one per layer) captured in one CUDA graph, median over samples."""
+    for fn in fns:  # compile and warm up outside the graph
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(samples):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / replays / len(fns))
+    return statistics.median(times)
+
+
+def single_call_us(fn) -> float:
+    """`triton.testing.do_bench` median of one eager call (L2 flushed; includes the launcher's host time)."""
+    return round(triton.testing.do_bench(fn, return_mode="median") * 1e3, 1)
+
+
+def triton_run(layout, plan, q, kv, block_m=None, streams_per_tile=None, config=None):
+    """(tile plan, launch config, one callable per layer) of the kernel on this workload."""
+    group = q.shape[1] // kv[0][0].shape[1]
+    tiles = build_tile_plan(layout, plan.q_slot, group, block_m, streams_per_tile, device="cuda")
+    config = config or default_config(q, kv[0][0], tiles)
+    out = torch.empty(1, q.shape[2], q.shape[1], q.shape[3], device="cuda", dtype=q.dtype)
+    fns = [lambda k=k, v=v: stream_attention(q, k, v, plan, tiles, config=config, out=out) for k, v in kv]
+    return tiles, config, fns
+
+
+def sdpa_run(plan, q, kv):
+    return [lambda k=k, v=v: reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0] for k, v in kv]
+
+
+def row(name, us, step_bytes, ceiling, err=None, **info) -> dict:
+    gbs = step_bytes / (us * 1e-6) / 1e9
+    r = {"method": name, "us": round(us, 2), "GB/s": round(gbs), "of_copy_bw": round(gbs * 1e9 / ceiling, 3)}
+    if err is not None:
+        r["max_abs_err_vs_sdpa"] = round(err, 4)
+    r.update(info)
+    print("   ", r)
+    return r
+
+
+def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]:
+    layout, plan, q, kv, step_bytes = decode_case(shape, streams)
+    print(f"{shape} P={streams}: kv_len={plan.kv_len}, counted bytes {step_bytes / 1e6:.1f} MB, {len(kv)} layers")
+    want = sdpa_run(plan, q, kv[:1])[0]()  # builds and caches the dense mask
+    sdpa = sdpa_run(plan, q, kv)
+    rows = [row("sdpa_dense", measure(sdpa), step_bytes, ceiling, do_bench_us=single_call_us(sdpa[0]))]
+    for name, spt in (("triton", None), ("triton_p1", 1)):
+        tiles, cfg, fns = triton_run(layout, plan, q, kv, streams_per_tile=spt)
+        err = (fns[0]().float() - want.float()).abs().max().item()
+        rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
+                        config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
+    if streams == 64 and shape == "codellama-7b":
+        il_layout, il_plan, il_q, il_kv, _ = decode_case(shape, streams, interleaved=True)
+        _, cfg, fns = triton_run(il_layout, il_plan, il_q, il_kv)
+        rows.append(row("triton_interleaved", measure(fns), step_bytes, ceiling, config=cfg.__dict__))
+        del il_kv
+    if sweep:
+        rows.append(sweep_configs(layout, plan, q, kv, want, step_bytes, ceiling, deadline))
+    return rows
+
+
+SWEEP = [  # (block_m, block_n, warps, stages), the likeliest first: the sweep stops at its deadline
+    (64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2), (32, 32, 4, 3), (32, 64, 4, 2), (128, 32, 8, 3),
+    (64, 32, 4, 2), (32, 32, 4, 4), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3),
+]
+
+
+def sweep_configs(layout, plan, q, kv, want, step_bytes, ceiling, deadline) -> dict:
+    results = []
+    for block_m, block_n, warps, stages in SWEEP:
+        if time.time() > deadline:
+            break
+        if block_m < q.shape[1] // kv[0][0].shape[1]:
+            continue
+        tiles, base, _ = triton_run(layout, plan, q, kv[:1], block_m=block_m)
+        base = default_config(q, kv[0][0], tiles)
+        for splits in sorted({base.num_splits, min(32, 2 * base.num_splits)}):
+            cfg = KernelConfig(block_n, splits, warps, stages)
+            _, _, fns = triton_run(layout, plan, q, kv, block_m=block_m, config=cfg)
+            try:
+                err = (fns[0]().float() - want.float()).abs().max().item()
+                results.append((measure(fns), err, block_m, tiles.num_tiles, cfg.__dict__))
+            except Exception as exc:  # e.g. out of shared memory for the largest tiles
+                print("    sweep skip", block_m, cfg, type(exc).__name__, str(exc)[:120])
+    results.sort(key=lambda r: r[0])
+    for us, err, block_m, n_tiles, cfg in results[:6]:
+        print("    sweep", round(us, 2), "us", block_m, n_tiles, cfg, "err", round(err, 4))
+    best = results[0] if results else (float("nan"), None, None, None, None)
+    return {**row("triton_best_of_sweep", best[0], step_bytes, ceiling, best[1], block_m=best[2], tiles=best[3],
+                  config=best[4]),
+            "tried": [(round(r[0], 2), round(r[1], 4), r[2], r[3], r[4]) for r in results]}  # fmt: skip
+
+
+def bench_prefill(ceiling) -> list[dict]:
+    """The last 2048-token chunk of an 8k document (causal), CodeLlama shape: kernel vs dense SDPA."""
+    heads, kv_heads, dim = SHAPES["codellama-7b"]
+    layout = build_layout([list(range(3, 3 + DOC))], 1)
+    ids = SlotIds.from_layout(layout, torch.device("cuda"))
+    q_slot = torch.arange(DOC - 2048, DOC, device="cuda")
+    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], DOC, ids, layout)
+    q = torch.randn(1, heads, 2048, dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, kv_heads, DOC, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    flops = 4 * heads * dim * 2048 * (DOC - 1024)  # QK^T and PV over the causal part
+    kv = [(k, v)]
+    want = sdpa_run(plan, q, kv)[0]()
+    rows = []
+    us = measure(sdpa_run(plan, q, kv))
+    rows.append({"method": "prefill_sdpa_dense", "us": round(us, 1), "TFLOP/s": round(flops / us / 1e6, 1)})
+    print("   ", rows[-1])
+    for block_m, block_n, warps, stages in [(None, None, None, None), (128, 64, 8, 2), (128, 64, 8, 3),
+                                            (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2)]:  # fmt: skip
+        config = None if block_n is None else KernelConfig(block_n, 1, warps, stages)
+        try:
+            _, cfg, fns = triton_run(layout, plan, q, kv, block_m=block_m, config=config)
+            err = (fns[0]().float() - want.float()).abs().max().item()
+            us = measure(fns)
+        except Exception as exc:  # e.g. out of shared memory
+            print("    prefill skip", block_m, config, type(exc).__name__, str(exc)[:120])
+            continue
+        rows.append({"method": "prefill_triton", "block_m": block_m, "us": round(us, 1),
+                     "TFLOP/s": round(flops / us / 1e6, 1), "err": round(err, 4), "config": cfg.__dict__})  # fmt: skip
+        print("   ", rows[-1])
+    return rows
+
+
+def write_summary(out: Path, results: dict) -> None:
+    lines = [f"# Triton kernel GPU check\n\ndevice: {results['device']}, copy bandwidth "
+             f"{results['copy_GBps']} GB/s\n\npytest: {results['tests']}\n",
+             "| workload | method | us | GB/s | of copy bw | err | tiles | block_m | config |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, rows in results["decode"].items():
+        for r in rows:
+            lines.append(f"| {name} | {r['method']} | {r['us']} | {r['GB/s']} | {r['of_copy_bw']} | "
+                         f"{r.get('max_abs_err_vs_sdpa', '')} | {r.get('tiles', '')} | {r.get('block_m', '')} | "
+                         f"{r.get('config', '')} |")  # fmt: skip
+    lines += ["", "prefill:", *[str(r) for r in results.get("prefill", [])]]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu_kernel_check")
+    parser.add_argument("--test-timeout", type=int, default=170)
+    parser.add_argument("--budget", type=int, default=330, help="seconds for the whole script (sweeps stop early)")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--no-sweep", action="store_true")
+    args = parser.parse_args()
+    start = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    results["tests"] = "skipped" if args.skip_tests else run_tests(args.out, args.test_timeout)
+    results["copy_GBps"] = round(copy_bandwidth() / 1e9)
+    print("copy bandwidth", results["copy_GBps"], "GB/s")
+    ceiling = results["copy_GBps"] * 1e9
+    results["decode"] = {}
+    workloads = list(itertools.product(SHAPES, (64, 256)))
+    for i, (shape, streams) in enumerate(workloads):
+        left = start + args.budget - 45 - time.time()  # keep 45 s for the prefill lines
+        deadline = time.time() + left / (len(workloads) - i) - 15  # an even share of what is left to each sweep
+        name = f"{shape}/P={streams}"
+        results["decode"][name] = bench_workload(shape, streams, ceiling, deadline, not args.no_sweep)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+        torch.cuda.empty_cache()
+    results["prefill"] = bench_prefill(ceiling)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_summary(args.out, results)
+    print(f"done in {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

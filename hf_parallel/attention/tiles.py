@@ -1,0 +1,223 @@
+"""Tile plan of the Triton stream-id kernel: row tiles and the KV slot ranges each may see.
+
+Plan once, run per layer: `build_tile_plan` groups the forward's queries into row
+tiles (queries of nearby segments together, so one document tile serves many
+streams) and lists per tile the KV slot ranges its queries may see: the slot range of
+every ancestor segment and of each query's own segment.  In the stream-major layout
+those are the only slots visited, so nothing is scanned and thrown away.  An own range
+is clipped in-kernel to its query's slot, so one plan over whole answer regions stays
+valid for every decode step while the set of live streams is unchanged (what a
+captured CUDA graph needs: `TilePlan.allocate` once, `fill_` when streams leave;
+`GraphTiles` does that for hf_parallel's captured decode steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import triton
+
+from ..layout import Layout
+from ..plan import AttentionPlan
+
+MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
+
+
+@dataclass
+class TilePlan:
+    """Row tiles of one forward and the KV slot ranges each may see (int32 tensors on the device).
+
+    tile_query: [R, Q] query index n of each tile member (Q = block_m // group), -1 = empty.
+    range_ptr:  [R + 1] tile r's ranges are rows range_ptr[r] .. range_ptr[r + 1] - 1 of `ranges`.
+    ranges:     [T, 4] (start, end, clip, by_ids): slots [start, end), the end also bounded by
+                q_slot[clip] + 1 when clip >= 0; by_ids = 1 where visibility is strided
+                (interleaved answers) and decided from the slot ids, else by `limits`.
+    limits:     [T, Q] member q of the tile sees slots [start, limits[t, q]) of range t (then causally).
+    block_m:    rows per tile, each a (query, head of the GQA group) pair; group: query heads per KV head.
+    max_tile_ranges: most ranges of one tile (a bound; the kernel reads that many at once).
+    """
+
+    tile_query: torch.Tensor
+    range_ptr: torch.Tensor
+    ranges: torch.Tensor
+    limits: torch.Tensor
+    block_m: int
+    group: int
+    max_tile_ranges: int
+
+    @property
+    def num_tiles(self) -> int:
+        return self.tile_query.shape[0]
+
+    @classmethod
+    def allocate(
+        cls, layout: Layout, max_queries: int, group: int, block_m: int | None = None,
+        streams_per_tile: int | None = None, device: torch.device | str = "cuda",
+    ) -> "TilePlan":  # fmt: skip
+        """An empty plan with room for any forward of up to `max_queries` queries over `layout` (a decode
+        bucket); block_m defaults to what `build_tile_plan` picks for one query per stream."""
+        rows = group * min(max_queries, streams_per_tile or max_queries)
+        block_m = _block_m(group, block_m or min(max(64, triton.next_power_of_2(group)), _dot_rows(rows)))
+        members = block_m // group
+        per_tile = min(members, streams_per_tile or members)
+        tiles, depth = -(-max_queries // per_tile), max(len(layout.ancestors(s)) for s in range(len(layout.segments)))
+        ranges = max_queries * depth  # each query adds at most its segment and its ancestors
+        plan = cls(torch.full((tiles, members), -1, dtype=torch.int32), torch.zeros(tiles + 1, dtype=torch.int32),
+                   torch.zeros(ranges, 4, dtype=torch.int32), torch.zeros(ranges, members, dtype=torch.int32),
+                   block_m, group, members * depth)  # fmt: skip
+        return plan.to(device)
+
+    def fill_(self, plan: "TilePlan") -> "TilePlan":
+        """Overwrite these buffers in place with `plan` (same block_m and group, no more tiles or ranges)."""
+        if (plan.block_m, plan.group) != (self.block_m, self.group):
+            raise ValueError(f"plan has block_m={plan.block_m}, group={plan.group}; "
+                             f"the buffers {self.block_m}, {self.group}")  # fmt: skip
+        tiles, ranges = plan.num_tiles, plan.ranges.shape[0]
+        if tiles > self.num_tiles or ranges > self.ranges.shape[0]:
+            raise ValueError(f"plan needs {tiles} tiles and {ranges} ranges; the buffers hold "
+                             f"{self.num_tiles} and {self.ranges.shape[0]}")  # fmt: skip
+        self.tile_query[:tiles].copy_(plan.tile_query)
+        self.tile_query[tiles:].fill_(-1)
+        self.range_ptr[: tiles + 1].copy_(plan.range_ptr)
+        self.range_ptr[tiles + 1 :].fill_(ranges)  # tiles past the plan's own have no ranges
+        self.ranges[:ranges].copy_(plan.ranges)
+        self.limits[:ranges].copy_(plan.limits)
+        return self
+
+    def to(self, device) -> "TilePlan":
+        tensors = (self.tile_query, self.range_ptr, self.ranges, self.limits)
+        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
+
+
+def build_tile_plan(
+    layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
+    streams_per_tile: int | None = None, device: torch.device | str | None = None,
+) -> TilePlan:  # fmt: skip
+    """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
+
+    group: query heads per KV head.  block_m: rows per tile (default: 64, or the smallest
+    power of two >= 16 holding the fullest tile; pass it to match preallocated buffers).
+    streams_per_tile: most distinct segments (streams) per tile; None = as many as fit.
+    """
+    q_slot = q_slot.cpu().numpy().astype(np.int64)
+    q_seg = layout.slot_seg.numpy()[q_slot]
+    rows = _block_m(group, block_m)
+    tiles = _group_queries(q_seg, rows // group, streams_per_tile)
+    if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
+        rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
+    ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
+    plan = _pack(tiles, ranges, rows, group)
+    return plan if device is None else plan.to(device)
+
+
+def _block_m(group: int, block_m: int | None) -> int:
+    block_m = block_m or max(64, triton.next_power_of_2(group))
+    if group > MAX_BLOCK_M:
+        raise ValueError(f"{group} query heads per KV head exceed the kernel's {MAX_BLOCK_M} rows per tile")
+    if block_m < group or block_m < 16 or block_m > MAX_BLOCK_M or block_m & (block_m - 1):
+        raise ValueError(f"block_m must be a power of two in [max(16, group={group}), {MAX_BLOCK_M}], got {block_m}")
+    return block_m
+
+
+def _dot_rows(rows: int) -> int:
+    return max(16, triton.next_power_of_2(rows))  # tl.dot needs at least 16 rows
+
+
+def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None) -> list[list[int]]:
+    """Queries in pre-order of their segment (so one subtree's streams share tiles), cut into tiles."""
+    tiles, members, segs = [], [], set()
+    for n in np.argsort(q_seg, kind="stable").tolist():
+        new_stream = q_seg[n] not in segs
+        if len(members) == per_tile or (new_stream and streams_per_tile and len(segs) == streams_per_tile):
+            tiles.append(members)
+            members, segs = [], set()
+        members.append(n)
+        segs.add(q_seg[n])
+    return tiles + [members] if members else tiles
+
+
+def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: np.ndarray, width: int):
+    """The tile's merged ranges [T, 4] and each member's visible limit in each [T, width].
+
+    A segment joins the range before it only if it is the child of that range's last segment and
+    some member sees that one whole, so a range is a chain down the tree and what any member sees
+    of it is a prefix (interleaved answer ranges, strided, never join: the ids decide there).
+    """
+    found: dict[tuple[int, int], list[int]] = {}  # (start, end) -> [clip, by_ids, segment]
+    ends: dict[int, list[int]] = {}  # member -> end slots of the segments it sees
+    for seg in sorted({int(q_seg[n]) for n in members}):
+        own = [n for n in members if q_seg[n] == seg]
+        clip = max(own, key=lambda n: q_slot[n])  # the own segment is seen up to its last query
+        chain = layout.ancestors(seg)
+        for a in chain[:-1]:
+            _add_range(found, layout, a, -1, q_slot)
+        _add_range(found, layout, seg, clip, q_slot)
+        for n in own:
+            ends[members.index(n)] = [c.slot_start + c.length for c in map(layout.segments.__getitem__, chain)
+                                      if c.slot_start >= 0]  # fmt: skip
+    merged: list[list[int]] = []  # [start, end, clip, by_ids, last segment]
+    for (start, end), (clip, by_ids, seg) in sorted(found.items()):
+        prev = merged[-1] if merged else None
+        if prev and prev[2] == -1 and start == prev[1] and layout.segments[seg].parent == prev[4] and not by_ids:
+            prev[1], prev[2], prev[4] = end, clip, seg  # the next segment down the chain
+        else:
+            merged.append([start, end, clip, by_ids, seg])
+    ranges = np.array([m[:4] for m in merged], dtype=np.int64).reshape(-1, 4)
+    seen = np.full((width, max(map(len, ends.values()))), -1, dtype=np.int64)
+    for j, e in ends.items():
+        seen[j, : len(e)] = e
+    inside = (seen[None] > ranges[:, None, None, 0]) & (seen[None] <= ranges[:, None, None, 1])
+    limits = np.where(inside, seen[None], ranges[:, None, None, 0]).max(-1)  # [T, width]
+    limits = np.where(ranges[:, 3:4] == 1, ranges[:, 1:2], limits)  # by ids: the ids decide
+    return ranges, limits
+
+
+def _add_range(found: dict, layout: Layout, seg: int, clip: int, q_slot: np.ndarray) -> None:
+    s = layout.segments[seg]
+    if s.slot_start >= 0:
+        start, end, by_ids = s.slot_start, s.slot_start + s.length, 0
+    else:  # interleaved answers are strided: scan every answer slot so far (the paper's layout)
+        start, end, by_ids = int(layout.answer_slots.min()), layout.num_slots, 1
+    if (start, end) in found:  # one query sees all of it, or keep the later clipping query
+        other = found[(start, end)][0]
+        clip = -1 if -1 in (clip, other) else max(clip, other, key=lambda n: q_slot[n])
+    found[(start, end)] = [clip, by_ids, seg]
+
+
+def _pack(tiles: list[list[int]], ranges: list[tuple], block_m: int, group: int) -> TilePlan:
+    width = block_m // group
+    tile_query = torch.full((len(tiles), width), -1, dtype=torch.int32)
+    for r, members in enumerate(tiles):
+        tile_query[r, : len(members)] = torch.tensor(members, dtype=torch.int32)
+    counts = torch.tensor([0] + [len(r) for r, _ in ranges], dtype=torch.int32)
+    flat = np.concatenate([r for r, _ in ranges]) if ranges else np.zeros((0, 4))
+    limits = np.concatenate([lim for _, lim in ranges]) if ranges else np.zeros((0, width))
+    as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.int32)  # noqa: E731
+    return TilePlan(tile_query, counts.cumsum(0).to(torch.int32), as_int32(flat), as_int32(limits), block_m, group,
+                    max(int(counts.max()), 1))  # fmt: skip
+
+
+class GraphTiles:
+    """The static tile plan of one captured decode step (see `hf_parallel.graphs`).
+
+    `install` puts the preallocated buffers into the captured forward's plan; `refill`
+    rewrites them in place for the streams now live (before a replay).
+    """
+
+    def __init__(self, runner, bucket: int):
+        config = runner.model.config.get_text_config()
+        self.group = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or
+                                                    config.num_attention_heads)  # fmt: skip
+        self.streams_per_tile = runner.opts.streams_per_tile
+        self.tiles = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=self.streams_per_tile,
+                                       device=runner.device)  # fmt: skip
+
+    def install(self, plan: AttentionPlan) -> None:
+        plan.cache["triton_plan"] = self.tiles
+
+    def refill(self, slots: torch.Tensor, layout: Layout) -> None:
+        """Raises ValueError when `layout` needs more ranges than the buffers hold (capture again)."""
+        plan = build_tile_plan(layout, slots, self.group, self.tiles.block_m, self.streams_per_tile)
+        self.tiles.fill_(plan.to(slots.device))

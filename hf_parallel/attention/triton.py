@@ -1,0 +1,145 @@
+"""Triton stream-id attention: the launcher of the kernel in `hf_parallel.triton_kernels`.
+
+The tile plan (which KV slot ranges each row tile visits) is built once per forward
+by `tiles.build_tile_plan` and memoized in the plan; every layer reuses it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from ..plan import AttentionPlan
+from ..triton_kernels import stream_attention as kernels
+from .reference import check_attention_call
+from .tiles import TilePlan, build_tile_plan
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+MAX_SPLITS = 16
+
+
+def triton_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    pp_plan: AttentionPlan | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
+    check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
+    tiles = _forward_tiles(pp_plan, query.shape[1] // max(key.shape[1], 1), query.device)
+    out = stream_attention(query, key, value, pp_plan, tiles, scaling, sliding_window, softcap)
+    return out, None
+
+
+def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> TilePlan:
+    """The forward's tile plan, built by the first layer and reused by the others (or set by the caller)."""
+    if "triton_plan" not in plan.cache:
+        if plan.layout is None:
+            raise ValueError("the Triton attention path plans its tiles from the layout: build the plan with one")
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a captured forward cannot plan its tiles (a host sync): put a `TilePlan.allocate`d "
+                               "plan in pp_plan.cache['triton_plan'] before capture and `fill_` it between replays")
+        spt = plan.cache.get("streams_per_tile")
+        plan.cache["triton_plan"] = build_tile_plan(plan.layout, plan.q_slot, group, None, spt, device)
+    return plan.cache["triton_plan"]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Launch parameters (defaults from `default_config`; eval/gpu_kernel_check.py sweeps them)."""
+
+    block_n: int  # keys per KV tile
+    num_splits: int  # KV splits per row tile (flash-decoding); 1 = write the output directly
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> KernelConfig:
+    """64-key tiles 3 stages deep (16-bit, head dim <= 128; best of eval/gpu_kernel_check.py's sweep on an
+    H200 for decode and prefill alike), and KV splits until the grid fills the GPU twice over."""
+    wide = query.dtype == torch.float32 or triton.next_power_of_2(query.shape[-1]) > 128
+    block_n, stages = (32, 2) if wide else (64, 3)  # fp32 or head dim 256: registers and shared memory
+    splits = 1
+    if query.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+        programs = tiles.num_tiles * key.shape[1]
+        splits = max(1, min(MAX_SPLITS, (2 * sms) // programs, key.shape[2] // (4 * block_n)))  # >= 4 KV tiles each
+    return KernelConfig(block_n, splits, num_warps=4 if tiles.block_m <= 64 else 8, num_stages=stages)
+
+
+def stream_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
+    scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
+    config: KernelConfig | None = None, out: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None)."""
+    _check_inputs(query, key, value, plan, tiles)
+    _, heads, n, dim = query.shape
+    cfg = config or default_config(query, key, tiles)
+    block_d = max(16, triton.next_power_of_2(dim))
+    splits = cfg.num_splits
+    out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
+    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
+    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
+    ids = plan.ids
+    interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked above)
+    kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], splits)](
+        query, key, value, out, part_o, part_lse,
+        plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
+        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
+        query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
+        out.stride(1), out.stride(2),
+        key.shape[2], n, heads, splits, scaling if scaling is not None else dim**-0.5,
+        softcap or 1.0, sliding_window or 0,
+        GROUP=tiles.group, QUERIES=tiles.block_m // tiles.group, BLOCK_M=tiles.block_m, BLOCK_N=cfg.block_n,
+        HEAD_DIM=dim, BLOCK_D=block_d, USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
+        RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))), SPLIT=splits > 1,
+        PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
+        DOT_F32=interpreted and query.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
+            part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
+            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
+        )  # fmt: skip
+    return out
+
+
+def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> None:
+    """Refuse, by name, what the kernel would compute wrongly or read out of bounds."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1:
+        raise ValueError(f"expected query [1, H, N, D] and key/value [1, H_kv, S, D]; got "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")  # fmt: skip
+    if query.dtype not in DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
+        raise TypeError(f"Triton attention takes one of {DTYPES} for q, k and v; got "
+                        f"{query.dtype}, {key.dtype}, {value.dtype}")  # fmt: skip
+    if key.shape != value.shape or key.shape[-1] != query.shape[-1] or query.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"key/value {tuple(key.shape)} must match each other and query's head dim "
+                         f"{query.shape[-1]} (at most {MAX_HEAD_DIM})")  # fmt: skip
+    if query.shape[1] != key.shape[1] * tiles.group:
+        raise ValueError(f"{query.shape[1]} query heads / {key.shape[1]} KV heads != the plan's group {tiles.group}")
+    if any(t.stride(-1) != 1 for t in (query, key, value)):
+        raise ValueError("Triton attention needs unit stride along the head dim of q, k and v")
+    if query.shape[2] != plan.q_slot.numel() or key.shape[2] > plan.ids.slot_seg.numel():
+        raise ValueError(f"{query.shape[2]} queries / {key.shape[2]} keys do not fit the plan "
+                         f"({plan.q_slot.numel()} queries, {plan.ids.slot_seg.numel()} slots)")  # fmt: skip
+    index = (plan.q_slot, plan.q_seg, plan.q_pos, plan.ids.slot_seg, plan.ids.slot_pos, plan.ids.seg_end)
+    if any(not t.is_contiguous() for t in index):
+        raise ValueError("the plan's q_slot/q_seg/q_pos and slot ids must be contiguous (the kernel indexes them flat)")
+    devices = {t.device for t in (query, key, value, plan.q_slot, plan.ids.slot_seg, tiles.tile_query)}
+    if len(devices) != 1:
+        raise ValueError(f"q, k, v, the plan and the tile plan must share one device; got {sorted(map(str, devices))}")
+    if query.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("Triton attention runs on CUDA (or on the CPU under TRITON_INTERPRET=1)")

@@ -1,0 +1,339 @@
+"""The Triton stream-id kernel against the specification (`reference_attention`, `stream_mask`).
+
+On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1) on small
+shapes; on CUDA the same tests run at full size.  Every kernel output is poisoned with
+NaN before the launch, so a row the kernel fails to write fails the comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import random
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it before any kernel is defined
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from hf_parallel import generate_tokens  # noqa: E402
+from hf_parallel.attention import tiles as tile_plans, triton as launcher  # noqa: E402
+from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
+from hf_parallel.layout import build_layout  # noqa: E402
+from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
+from hf_parallel.triton_kernels import stream_attention as kernels  # noqa: E402
+
+from .conftest import generate_alone, random_tokens, tiny_model  # noqa: E402
+from .test_layout import random_tree_prompts  # noqa: E402
+
+if not CUDA and type(kernels.stream_attention_fwd).__name__ != "InterpretedFunction":
+    # Another test module imported triton first, so its standard library and our kernels were defined
+    # compiled; redefine them under the interpreter (tests/conftest.py setting TRITON_INTERPRET avoids this).
+    import triton.language
+    import triton.language.standard
+
+    for module in (triton.language.standard, triton.language, kernels):
+        importlib.reload(module)
+
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+# (atol, rtol) of the kernel's output vs the fp32 reference on the same rounded inputs.  With
+# inputs ~N(0, 1) (|v| < 5), rounding P to the input dtype before P@V moves an output by at
+# most eps/2 * max|v| (the atol; eps = the dtype's machine epsilon), and rounding the output
+# itself by eps/2 relative (the rtol).  fp32 runs both dots in IEEE fp32: only summation
+# order and exp2's rounding differ (about 1e-6 seen), so 1e-5 leaves a 10x margin.
+TOLERANCE = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (5 * 2**-11, 2**-11),  # eps = 2**-10
+    torch.bfloat16: (5 * 2**-8, 2**-8),  # eps = 2**-7
+}
+DTYPES = list(TOLERANCE)
+# shapes: small under the interpreter, model-sized on CUDA
+DOC = 1000 + 37 if CUDA else 37  # not a multiple of any tile
+STREAMS = [1, 3, 17, 64, 256] if CUDA else [1, 3, 17]
+HEADS = [(32, 32), (28, 4), (8, 1)] if CUDA else [(2, 2), (7, 1), (4, 2)]  # MHA, Qwen-like GQA group of 7, MQA
+HEAD_DIMS = [128, 64, 80] if CUDA else [16, 32, 24]  # 80 / 24: not a power of two, padded in-kernel
+BLOCK_N = None if CUDA else 16  # small KV tiles on the CPU, so ranges span several tiles
+MODULE = torch.nn.Module().eval()
+
+
+def doc_questions(n_streams: int, seed: int, max_new_tokens: int = 9, interleaved: bool = False):
+    gen = torch.Generator().manual_seed(seed)
+    doc = random_tokens(DOC, gen)
+    prompts = [doc + random_tokens(1 + (7 * i) % 9, gen) for i in range(n_streams)]
+    return build_layout(prompts, max_new_tokens, interleaved)
+
+
+def make_plan(layout, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
+    ids = SlotIds.from_layout(layout, DEVICE)
+    q_slot = q_slot.to(DEVICE).contiguous()
+    kv_len = kv_len or int(q_slot.max()) + 1
+    return AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, layout)
+
+
+def decode_slots(layout, step: int, seed: int) -> torch.Tensor:
+    """One query per live stream at answer step `step`; a random half of the streams has left."""
+    streams = list(range(layout.num_prompts))
+    live = sorted(random.Random(seed).sample(streams, max(1, len(streams) // 2))) if len(streams) > 2 else streams
+    return layout.answer_slots[live, step]
+
+
+def random_qkv(plan, heads, kv_heads, dim, dtype, seed, cache_order="hsd"):
+    """q [1, H, N, D] and K/V views [1, H_kv, kv_len, D] into a larger cache buffer (strided, like the cache)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    n, slots = plan.q_slot.numel(), plan.ids.slot_seg.numel() + 5
+    q = torch.randn(1, heads, n, dim, generator=gen, device=DEVICE).to(dtype)
+    shape = (1, kv_heads, slots, dim) if cache_order == "hsd" else (1, slots, kv_heads, dim)
+    k, v = (torch.randn(shape, generator=gen, device=DEVICE).to(dtype) for _ in range(2))
+    if cache_order != "hsd":
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+    return q, k[:, :, : plan.kv_len], v[:, :, : plan.kv_len]
+
+
+def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_len=None, tiles=None,
+          streams_per_tile=None, num_splits=None, cache_order="hsd", **attn):  # fmt: skip
+    """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance."""
+    plan = make_plan(layout, q_slot, kv_len)
+    q, k, v = random_qkv(plan, *heads, dim, dtype, seed, cache_order)
+    want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, **attn)[0]
+    group = heads[0] // heads[1]
+    tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE)
+    out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
+    config = launcher.default_config(q, k, tiles)
+    config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
+    launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, **attn)
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), want, atol=atol, rtol=rtol)
+    return tiles
+
+
+# -- the grid: streams x dtype x prefill/decode, heads and head dims cycled through --
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_streams", STREAMS)
+def test_grid(n_streams, dtype, mode):
+    i = STREAMS.index(n_streams) + DTYPES.index(dtype)
+    layout = doc_questions(n_streams, seed=n_streams)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=i)
+    splits = [None, 1, 3][i % 3]
+    check(layout, q_slot, HEADS[i % len(HEADS)], HEAD_DIMS[i % len(HEAD_DIMS)], dtype, seed=i, num_splits=splits)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS + ([256] if CUDA else []))
+@pytest.mark.parametrize("heads", HEADS, ids=str)
+def test_heads_and_head_dims(heads, dim):
+    layout = doc_questions(3, seed=dim)
+    check(layout, decode_slots(layout, 2, seed=0), heads, dim, torch.bfloat16, seed=dim)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("attn", [dict(sliding_window=12), dict(softcap=5.0), dict(sliding_window=5, softcap=2.0,
+                                  scaling=0.3)], ids=["window", "softcap", "window+softcap+scale"])  # fmt: skip
+def test_sliding_window_and_softcap(attn, mode):
+    layout = doc_questions(3, seed=1)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 6, seed=1)
+    check(layout, q_slot, (4, 2), 32, torch.float32, num_splits=2, **attn)
+    check(layout, q_slot, (4, 2), 32, torch.bfloat16, **attn)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_prefix_trees(seed):
+    """Deep trees (shared system prompts, branches, prompts that are prefixes of others), chunked prefill and decode."""
+    rng = random.Random(seed)
+    layout = build_layout(random_tree_prompts(rng), max_new_tokens=5, interleaved=seed % 3 == 2)
+    slots = layout.prompt_slots()[0]
+    start = rng.randrange(len(slots))
+    check(layout, slots[start : start + rng.randint(1, 40)], (4, 2), 16, seed=seed)  # a prefill chunk
+    check(layout, layout.answer_slots[:, rng.randrange(5)], (2, 2), 16, seed=seed, num_splits=2)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_interleaved_layout(mode):
+    layout = doc_questions(5, seed=2, interleaved=True)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 7, seed=2)
+    check(layout, q_slot, (4, 2), 16)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_one_stream_per_tile(mode):
+    layout = doc_questions(5, seed=3)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else layout.answer_slots[:, 3]
+    tiles = check(layout, q_slot, (4, 2), 16, streams_per_tile=1)
+    q_seg = layout.slot_seg[q_slot]
+    for members in tiles.tile_query.cpu().tolist():
+        assert len({int(q_seg[n]) for n in members if n >= 0}) == 1
+    if mode == "decode":  # every stream reads the document for itself
+        assert tiles.num_tiles == layout.num_prompts
+
+
+def test_edges():
+    layout = doc_questions(4, seed=4)
+    check(layout, layout.answer_slots[:, 0])  # decode right after the prompts
+    check(layout, layout.answer_slots[:1, 8], num_splits=4)  # one stream left, at its last step
+    check(layout, layout.answer_slots[:, 5], kv_len=layout.num_slots)  # the whole row as keys (CUDA-graph shape)
+    check(layout, layout.prompt_slots()[0][:1])  # the very first token
+    check(layout, layout.answer_slots[:, 2], cache_order="shd")  # K/V strided as [1, S, H_kv, D] transposed
+    one = build_layout([[5]], max_new_tokens=1)  # a one-token prompt that is the whole cache
+    check(one, torch.tensor([0]), kv_len=1)
+
+
+def test_more_ranges_than_the_kernel_reads_at_once():
+    layout = doc_questions(17, seed=9)
+    q_slot = layout.answer_slots[:, 3]
+    tiles = tile_plans.build_tile_plan(layout, q_slot, 2, block_m=64, device=DEVICE)
+    assert tiles.num_tiles == 1 and tiles.max_tile_ranges == 17  # one range a stream, the first merged with the doc
+    check(layout, q_slot, tiles=dataclasses.replace(tiles, max_tile_ranges=1), num_splits=3)  # 16 at a time
+
+
+def test_padding_rows_repeat_the_last_query():
+    """A captured decode step pads its rows by repeating the last live query: same output rows."""
+    layout = doc_questions(5, seed=5)
+    q_slot = layout.answer_slots[[0, 2, 3], 4]
+    check(layout, torch.cat([q_slot, q_slot[-1:].expand(5)]), (4, 2), 16)
+
+
+def test_plan_stays_valid_across_steps_and_refills_in_place():
+    """One plan over whole answer regions serves every decode step; `fill_` swaps in a smaller live set."""
+    layout = doc_questions(6, seed=6)
+    buffers = tile_plans.TilePlan.allocate(layout, max_queries=6, group=2, block_m=16, device=DEVICE)
+    buffers.fill_(tile_plans.build_tile_plan(layout, layout.answer_slots[:, 0], 2, block_m=16))
+    for step in (0, 3, 8):
+        check(layout, layout.answer_slots[:, step], kv_len=layout.num_slots, tiles=buffers)
+    live = [1, 4, 5]
+    buffers.fill_(tile_plans.build_tile_plan(layout, layout.answer_slots[live, 2], 2, block_m=16))
+    for step in (2, 7):
+        check(layout, layout.answer_slots[live, step], kv_len=layout.num_slots, tiles=buffers)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs")
+def test_captured_step_replays_with_refilled_plan():
+    """The generation loop's use: capture once with preallocated tiles, write slots and refill between replays."""
+    layout, rows, heads, dim = doc_questions(6, seed=10), 8, (4, 2), 64
+    ids = SlotIds.from_layout(layout, DEVICE)
+    slots = torch.empty(rows, dtype=torch.long, device=DEVICE)
+    tiles = tile_plans.TilePlan.allocate(layout, rows, group=2, device=DEVICE)
+    q, k, v = random_qkv(make_plan(layout, slots.fill_(0), layout.num_slots), *heads, dim, torch.bfloat16, 0)
+    out = torch.empty(1, rows, heads[0], dim, dtype=q.dtype, device=DEVICE)
+
+    def step():
+        plan = AttentionPlan(slots, ids.slot_seg[slots], ids.slot_pos[slots], layout.num_slots, ids, layout)
+        launcher.stream_attention(q, k, v, plan, tiles, out=out)
+
+    def write(live, t):  # pad by repeating the last live row, as the generation loop does
+        s = layout.answer_slots[live, t].to(DEVICE)
+        slots[: len(s)], slots[len(s) :] = s, s[-1]
+
+    graph, previous = torch.cuda.CUDAGraph(), None
+    for live, t in [(list(range(6)), 0), (list(range(6)), 3), ([1, 4], 4), ([1, 4], 8), ([2], 8)]:
+        write(live, t)
+        if live != previous:
+            tiles.fill_(tile_plans.build_tile_plan(layout, slots, 2, block_m=tiles.block_m))
+        if previous is None:
+            step()  # compile outside the capture
+            with torch.cuda.graph(graph):
+                step()
+        out.fill_(float("nan"))
+        graph.replay()
+        plan = make_plan(layout, slots, layout.num_slots)
+        want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan)[0]
+        torch.testing.assert_close(out.float(), want, atol=TOLERANCE[q.dtype][0], rtol=TOLERANCE[q.dtype][1])
+        previous = live
+
+
+def scanned_slots(tiles, tile: int, members: list[int], q_slot: list[int], kv_len: int):
+    """What the kernel visits for one tile, its ranges clipped as the kernel clips them: [(range, slots)]."""
+    tile_stop = min(max(q_slot[n] for n in members) + 1, kv_len)
+    out = []
+    for r in range(tiles.range_ptr[tile], tiles.range_ptr[tile + 1]):
+        start, stop, clip, by_ids = tiles.ranges[r].tolist()
+        stop = min(stop, q_slot[clip] + 1) if clip >= 0 else stop
+        out.append((r, range(start, min(stop, tile_stop))))
+    return out
+
+
+@pytest.mark.parametrize("streams_per_tile", [None, 1, 2])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("seed", range(30))
+def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_tile):
+    """Stream-major: a tile visits exactly the union of its queries' visible slots (interleaved: a superset),
+    and each query's limits (then causality) reproduce its row of the stream mask exactly."""
+    rng = random.Random(seed)
+    layout = build_layout(random_tree_prompts(rng), max_new_tokens=4, interleaved=interleaved)
+    prefill = layout.prompt_slots()[0]
+    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(4)]):
+        plan = make_plan(layout, q_slot)
+        mask = stream_mask(plan).cpu()
+        tiles = tile_plans.build_tile_plan(layout, q_slot, group=1, block_m=16, streams_per_tile=streams_per_tile)
+        slots = q_slot.tolist()
+        rows = [[n for n in members if n >= 0] for members in tiles.tile_query.tolist()]
+        assert sorted(n for members in rows for n in members) == list(range(len(slots)))  # each query in one tile
+        for t, members in enumerate(rows):
+            scanned = scanned_slots(tiles, t, members, slots, plan.kv_len)
+            seen = {k for _, keys in scanned for k in keys}
+            visible = set(mask[members].any(0).nonzero().flatten().tolist())
+            assert visible <= seen and (interleaved or seen == visible)
+            for j, n in enumerate(members):
+                by_plan = {k for r, keys in scanned for k in keys if k <= slots[n] and k < tiles.limits[r, j]
+                           and (not tiles.ranges[r, 3] or mask[n, k])}  # fmt: skip
+                assert by_plan == set(mask[n].nonzero().flatten().tolist())
+
+
+def test_launcher_refuses_bad_inputs():
+    layout = doc_questions(2, seed=7)
+    plan = make_plan(layout, layout.answer_slots[:, 1])
+    tiles = tile_plans.build_tile_plan(layout, plan.q_slot, 2, device=DEVICE)
+    q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
+    with pytest.raises(TypeError, match="float16"):
+        launcher.stream_attention(q.double(), k.double(), v.double(), plan, tiles)
+    with pytest.raises(TypeError, match="float16"):
+        launcher.stream_attention(q, k.half(), v, plan, tiles)
+    with pytest.raises(ValueError, match="unit stride"):
+        strided = torch.zeros(*k.shape[:3], 32, device=DEVICE)[..., ::2]
+        launcher.stream_attention(q, strided, strided, plan, tiles)
+    with pytest.raises(ValueError, match="at most 256"):
+        big = torch.zeros(1, 4, q.shape[2], 512, device=DEVICE)
+        launcher.stream_attention(big, big[:, :2], big[:, :2], plan, tiles)
+    with pytest.raises(ValueError, match="group"):
+        launcher.stream_attention(q, k[:, :1], v[:, :1], plan, tiles)
+    with pytest.raises(ValueError, match="layout"):
+        launcher.triton_attention(MODULE, q, k, v, None, pp_plan=AttentionPlan.for_slots(plan.q_slot, plan.ids))
+    with pytest.raises(ValueError, match="block_m"):
+        tile_plans.build_tile_plan(layout, plan.q_slot, group=2, block_m=24)
+
+
+def test_plan_is_built_once_per_forward():
+    layout = doc_questions(3, seed=8)
+    plan = make_plan(layout, layout.answer_slots[:, 1])
+    q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
+    out, weights = launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)
+    tiles = plan.cache["triton_plan"]
+    launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)
+    assert plan.cache["triton_plan"] is tiles and weights is None and out.shape == (1, q.shape[2], 4, 16)
+
+
+# -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
+
+E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1})]
+E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"layout": "interleaved"})]
+
+
+@pytest.mark.parametrize(
+    "arch,options",
+    E2E + [pytest.param(*case, marks=pytest.mark.skipif(not CUDA, reason="CUDA only (slow in the interpreter)"))
+           for case in E2E_CUDA],
+    ids=lambda x: x if isinstance(x, str) else ",".join(f"{k}={v}" for k, v in x.items()) or "default",
+)  # fmt: skip
+def test_generate_matches_model_generate(arch, options):
+    model = tiny_model(arch).to(DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]  # and a second root
+    # eager decode: CUDA-graph capture of this path is the generation loop's business, tested there
+    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], attn="triton", cuda_graphs=False,
+                          **options)  # fmt: skip
+    assert got == [generate_alone(model, p, 6) for p in prompts]
