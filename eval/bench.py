@@ -24,6 +24,7 @@ of rows at two answer lengths and extrapolated linearly (`--stock full` runs it 
 from __future__ import annotations
 
 import argparse
+import gc
 import gzip
 import json
 import math
@@ -78,8 +79,8 @@ def grids(kind: str, scale: float) -> list[Workload]:
     raise ValueError(kind)
 
 
-def book_tokens(tokenizer, vocab: int) -> list[int]:
-    text = gzip.open(BOOK, "rt", encoding="utf-8-sig").read().replace("\r\n", "\n")
+def book_tokens(tokenizer, vocab: int, book: Path = BOOK) -> list[int]:
+    text = gzip.open(book, "rt", encoding="utf-8-sig").read().replace("\r\n", "\n")
     if tokenizer is None:  # no tokenizer carried: words hashed into the vocabulary (timing is the same)
         return [hash(w) % (vocab - 3) + 3 for w in text.split()]
     return [t % vocab for t in tokenizer(text)["input_ids"]]
@@ -124,12 +125,13 @@ def run_stock(model, prompts, work: Workload, rows: int, full: bool) -> dict:
                                            for d in range(work.documents)])  # fmt: skip
     chunks = [(d, prompts[d * per_doc + i : d * per_doc + min(i + rows, per_doc)])
               for d in range(work.documents) for i in range(0, per_doc, rows)]  # fmt: skip
+    _generate_chunk(model, caches[0], chunks[0][1], doc_len, 4)  # warm-up (twice: the first call
+    _generate_chunk(model, caches[0], chunks[0][1], doc_len, 4)  # of a new shape runs far slower)
     if full:
         chunk_s = sum(timed(lambda: _generate_chunk(model, caches[d], c, doc_len, work.answer_tokens))[0]
                       for d, c in chunks)  # fmt: skip
         return dict(total_s=doc_prefill_s + chunk_s, prefill_s=doc_prefill_s, extrapolated=False)
     d, chunk = chunks[0]
-    _generate_chunk(model, caches[d], chunk, doc_len, 2)  # warm-up
     short, long = 4, 16
     t_short = timed(lambda: _generate_chunk(model, caches[d], chunk, doc_len, short))[0]
     t_long = timed(lambda: _generate_chunk(model, caches[d], chunk, doc_len, long))[0]
@@ -171,6 +173,13 @@ def _generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
         return model.generate(torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
                               past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               do_sample=False, pad_token_id=0, eos_token_id=None)  # fmt: skip
+
+
+def free_memory(model) -> None:
+    """Drop the previous run's static row and cached blocks, so every run starts from the same memory."""
+    model._hf_parallel_row = None
+    gc.collect()
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
 
 
 def measure_ceilings(device) -> dict:
@@ -289,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stock-rows", type=int, default=16, help="rows per stock generate call")
     parser.add_argument("--scale", type=float, default=1.0, help="scale document lengths (for quick checks)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--book", type=Path, default=BOOK, help="War and Peace (gzip); default ../shared/data/")
     parser.add_argument("--tokenizer", default=None, help="folder of a tokenizer (else words hashed into ids)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
@@ -306,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.tokenizer) if args.tokenizer else None
     encode = (lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]) if tokenizer else (
         lambda s: [hash(w) % (vocab - 3) + 3 for w in s.split()])  # fmt: skip
-    book = book_tokens(tokenizer, vocab)
+    book = book_tokens(tokenizer, vocab, args.book)
     ceilings = measure_ceilings(device)
     print(f"ceilings: copy {ceilings['bandwidth'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul'] / 1e12:.0f} TFLOP/s")
     results = []
@@ -321,6 +331,7 @@ def main(argv: list[str] | None = None) -> None:
             for method, *only in methods:
                 if (only and work.name not in only[0].split("|")) or time.perf_counter() - started > args.deadline_s:
                     continue
+                free_memory(model)
                 try:
                     if method == "stock":
                         rows = stock_rows(model.config, work, args.stock_rows)

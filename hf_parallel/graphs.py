@@ -12,6 +12,7 @@ they change nothing, and their logits are dropped.  Capture is opt-out
 
 from __future__ import annotations
 
+import gc
 import warnings
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     slots: torch.Tensor  # [B] int64, static input
     tokens: torch.Tensor  # [B] int64, static input
+    keep: torch.Tensor  # [B] int64, the logit rows (referenced here so its memory outlives the capture)
     logits: torch.Tensor  # [B, V] float32, static output
     attn_state: object  # the attention path's static per-graph state (None for the reference)
 
@@ -55,7 +57,10 @@ class StaticRow:
     def for_model(cls, model, layout: Layout) -> "StaticRow":
         row = getattr(model, "_hf_parallel_row", None)
         if row is None or row.capacity < layout.num_slots or row.dtype != model.dtype:
-            model._hf_parallel_row = None  # free the old row before allocating the new one
+            if row is not None:  # free the old row (and its graphs' memory pool) before allocating the new one
+                model._hf_parallel_row = row = None
+                gc.collect()
+                torch.cuda.empty_cache()
             capacity = -(-layout.num_slots // ROW_ROUNDING) * ROW_ROUNDING
             row = model._hf_parallel_row = cls(model, capacity)
         return row
@@ -128,7 +133,7 @@ class DecodeGraphs:
         static_tokens = torch.empty(bucket, dtype=torch.long, device=device)
         keep = torch.arange(bucket, device=device)
         attn_state = runner.graph_attention_state(bucket)
-        cap = _Captured(None, slots, static_tokens, None, attn_state)
+        cap = _Captured(None, slots, static_tokens, keep, None, attn_state)
         if not self._refresh(cap, q_slot, tokens, True):
             raise RuntimeError("a freshly allocated tile plan cannot hold this layout")
 
