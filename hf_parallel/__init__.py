@@ -8,10 +8,15 @@ its question were asked alone.
 from transformers import PreTrainedModel
 
 from .generation import generate_tokens
+from .judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge
 from .options import GenerationOptions
 from .prompting import generate_parallel, render_prompts
+from .scoring import score_continuations
 
-__all__ = ["generate_parallel", "generate_tokens", "render_prompts", "GenerationOptions"]
+__all__ = [
+    "generate_parallel", "generate_tokens", "render_prompts", "GenerationOptions",
+    "score_continuations", "judge", "ChoiceQuestion", "ScoreQuestion", "YesNoQuestion", "JudgeResult",
+]  # fmt: skip
 
 
 def _generate_parallel_method(self, document, questions, tokenizer=None, **options):
