@@ -4,7 +4,7 @@ Paired, seeded runs on identical inputs (documents are slices of War and Peace c
 the seed; question i is "Summarize the main point of paragraph i."; answers are forced to
 `--answer-tokens` tokens, no early EOS) of:
 
-  stock        every question its own row, the document's KV prefilled once and copied into
+  stock        (stock_full: not extrapolated) every question its own row, the document's KV prefilled once and copied into
                each row, `model.generate` greedy, rows chunked to fit memory
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
   pp_triton    hf_parallel, Triton stream-id kernel, CUDA graphs
@@ -333,9 +333,9 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 free_memory(model)
                 try:
-                    if method == "stock":
+                    if method in ("stock", "stock_full"):
                         rows = stock_rows(model.config, work, args.stock_rows)
-                        res = run_stock(model, prompts, work, rows, args.stock == "full")
+                        res = run_stock(model, prompts, work, rows, args.stock == "full" or method == "stock_full")
                     else:
                         res = run_pp(model, prompts, work, METHODS[method])
                 except Exception as err:  # report and go on: one failure must not lose the other figures
