@@ -1,4 +1,4 @@
-"""The command line: `hf-parallel demo` (also `python -m hf_parallel demo`)."""
+"""The command line: `hf-parallel demo` and `hf-parallel eval` (also `python -m hf_parallel ...`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,17 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="answer questions about a built-in passage with SmolLM2")
     demo.add_argument("--max-new-tokens", type=int, default=48)
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import run
+    # eval's flags (and --help) belong to the evaluation runner, imported only when asked
+    # for: it needs the `eval` extra (scipy, tqdm), which the demo does not.
+    commands.add_parser("eval", help="answer quality: standard vs parallel vs batch prompting", add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "eval":
+        from .evaluation.quality import main as evaluate
 
-        run(max_new_tokens=args.max_new_tokens)
+        evaluate(rest, prog="hf-parallel eval")
+        return
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    from .demo import run
+
+    run(max_new_tokens=args.max_new_tokens)

@@ -1,0 +1,372 @@
+"""Answer quality of parallel prompting against one-question-at-a-time and batch prompting.
+
+    standard   each question's prompt alone through `model.generate` (left-padded rows of
+               `standard_batch_size` independent prompts)
+    parallel   `generate_tokens` over all questions of `docs_per_call` documents as streams
+    batch      all questions of a document in one prompt, answered in one sequence, parsed back
+
+Standard and parallel see the same token prompts; all methods decode greedily, stop at EOS
+and post-process alike (strip, first line).  Scores are the official SQuAD / DROP / QuAC
+metrics; each method's F1 minus standard's gets a paired bootstrap 95% CI over questions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tqdm.auto import tqdm
+
+from ..generation import generate_tokens
+from ..prompting import render_prompts
+from .batch_prompting import build_batch_prompt, parse_batch_answers
+from .datasets import QADocument, QAItem, load_drop, load_quac, load_squad
+from .metrics import CANNOTANSWER, HUMAN_F1_MIN, drop_em_f1, quac_f1, quac_human_f1, quac_scores
+from .metrics import squad_exact_match, squad_f1
+
+DATASETS = {"squad": load_squad, "drop": load_drop, "quac": load_quac}
+METHODS = ("standard", "parallel", "batch")
+SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+OFFLINE_DATA = {"squad": "squad-dev-v1.1.json.zip", "drop": "drop-dev.jsonl.gz"}  # QuAC has no offline copy
+ABSTAIN = "I cannot answer"  # QuAC: what the model is asked to say when the text does not tell
+INSTRUCTIONS = {  # one wording, adapted to what each dataset's answers are
+    "squad": "Answer the question with a short phrase taken from the text.",
+    "drop": "Answer the question with a number or a short phrase taken from the text.",
+    "quac": "Answer the question with a short phrase taken from the text. "
+    f'If the text does not tell, answer "{ABSTAIN}".',
+}
+# A QuAC prediction that starts like one of these is the abstention CANNOTANSWER.
+_ABSTENTION = re.compile(
+    r"^\W*(?:i\s+)?(?:cannot|can\s*not|can't|could\s*not|couldn't|am\s+unable\s+to)\s+answer"
+    r"|^\W*cannotanswer|^\W*(?:i\s+)?(?:do\s+not|don't)\s+know|^\W*unknown\b"
+    r"|^\W*(?:the\s+)?(?:text|passage|document)\s+does\s+not\s+(?:say|tell|mention|state)",
+    re.I,
+)
+
+
+@dataclass
+class QualityConfig:
+    """One evaluation run; the `eval` command's flags map one-to-one onto these fields."""
+
+    dataset: str = "squad"  # squad | drop | quac
+    data: str | None = None  # path or HF dataset name; default: the offline copy in ../shared/data/
+    methods: tuple[str, ...] = METHODS
+    limit: int | None = None  # questions (whole documents, the last one truncated)
+    max_new_tokens: int = 32  # per answer; batch prompting gets this times the document's questions
+    standard_batch_size: int = 1  # independent prompts per left-padded model.generate call
+    docs_per_call: int = 1  # documents packed into one generate_tokens call
+    dtype: str = "float32"
+    device: str = "cpu"
+    attn: str = "auto"  # generate_tokens' attention path
+    resamples: int = 1000  # paired bootstrap resamples
+    seed: int = 0
+    out: str | None = None  # JSON path (a .md table is written beside it)
+
+    def __post_init__(self):
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
+        if self.data is None and self.dataset not in OFFLINE_DATA:
+            raise ValueError(f"{self.dataset} has no offline copy; pass data= (the official val_v0.2.json)")
+        self.data = self.data or str(SHARED_DATA / OFFLINE_DATA[self.dataset])
+        self.methods = tuple(dict.fromkeys(self.methods))
+        if not self.methods or not set(self.methods) <= set(METHODS):
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
+        for name in ("max_new_tokens", "standard_batch_size", "docs_per_call", "resamples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def question_prompts(tokenizer, dataset: str, document: QADocument) -> list[list[int]]:
+    """Each question's complete prompt (token ids), as it would be asked alone."""
+    if dataset == "quac":
+        return [quac_prompt(tokenizer, document.text, item) for item in document.items]
+    template = "{document}\n\n" + INSTRUCTIONS[dataset] + "\nQuestion: {question}" + _plain_suffix(tokenizer)
+    return render_prompts(tokenizer, document.text, [item.question for item in document.items], template)
+
+
+def quac_prompt(tokenizer, document: str, item: QAItem) -> list[int]:
+    """A dialogue turn: earlier turns as question/answer pairs, so each turn's prompt extends the last."""
+    turns = [(q, ABSTAIN if a == CANNOTANSWER else a.strip()) for q, a in item.history] + [(item.question, None)]
+    header = f"{document}\n\n{INSTRUCTIONS['quac']}\n"
+    if _plain_suffix(tokenizer):
+        text = header + "\n".join(f"Question: {q}\nAnswer:" + (f" {a}" if a is not None else "") for q, a in turns)
+        return tokenizer(text)["input_ids"]
+    messages = []
+    for i, (question, answer) in enumerate(turns):
+        messages.append({"role": "user", "content": (header if i == 0 else "") + f"Question: {question}"})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def batch_prompt(tokenizer, document: QADocument) -> list[int]:
+    """All of the document's questions in one prompt (the batch-prompting baseline)."""
+    text = build_batch_prompt(document.text, [item.question for item in document.items])
+    return render_prompts(tokenizer, text, [""], "{document}")[0]  # the text ends with "Answers:" already
+
+
+def _plain_suffix(tokenizer) -> str:
+    """Without a chat template the prompt is plain text, which ends by asking for the answer."""
+    return "" if getattr(tokenizer, "chat_template", None) is not None else "\nAnswer:"
+
+
+def postprocess(text: str, dataset: str) -> str:
+    """The same for every method: strip, first line; QuAC abstentions become CANNOTANSWER."""
+    answer = text.strip().split("\n", 1)[0].strip()
+    return CANNOTANSWER if dataset == "quac" and _ABSTENTION.match(answer) else answer
+
+
+# --------------------------------------------------------------------------- methods
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+
+
+def _generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int,
+                   stop: dict | None = None) -> list[list[int]]:  # fmt: skip
+    """Plain greedy `model.generate` over left-padded independent prompts; new tokens before EOS.
+
+    stop: optional {"stop_strings": [...], "tokenizer": tokenizer} for `generate`.
+    """
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=eos, pad_token_id=pad, **(stop or {}))  # fmt: skip
+    return [_until_eos(row, set(eos)) for row in out[:, width:].tolist()]
+
+
+def run_standard(model, prompts, config: QualityConfig, eos, pad, bar) -> list[list[int]]:
+    """Each prompt as its own request; rows batched by length so padding stays small."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(order), config.standard_batch_size):
+        rows = order[start : start + config.standard_batch_size]
+        for i, tokens in zip(rows, _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad)):
+            out[i] = tokens
+        bar.update(len(rows))
+    return out
+
+
+def run_parallel(model, per_document: list[list[list[int]]], config: QualityConfig, eos, bar) -> list[list[int]]:
+    """All questions of `docs_per_call` documents as streams of one packed row per call."""
+    out = []
+    for start in range(0, len(per_document), config.docs_per_call):
+        prompts = [p for doc in per_document[start : start + config.docs_per_call] for p in doc]
+        answers = generate_tokens(model, prompts, max_new_tokens=config.max_new_tokens, eos_token_id=eos,
+                                  do_sample=False, attn=config.attn)  # fmt: skip
+        out += [_until_eos(a, set(eos)) for a in answers]
+        bar.update(len(prompts))
+    return out
+
+
+def run_batch(model, tokenizer, documents, prompts, config: QualityConfig, eos, pad, bar) -> tuple[list, list]:
+    """One sequence per document; (raw output per document, parsed answer per question).
+
+    Each sequence stops at EOS, after max_new_tokens per question, or when the model starts
+    an answer past the last question ("A<n+1>:"), which the parser would drop anyway.
+    """
+    raw, answers = [], []
+    for document, prompt in zip(documents, prompts):
+        n = len(document.items)
+        stop = {"stop_strings": [f"A{n + 1}:"], "tokenizer": tokenizer}
+        (tokens,) = _generate_rows(model, [prompt], config.max_new_tokens * n, eos, pad, stop)
+        raw.append(tokenizer.decode(tokens, skip_special_tokens=True))
+        answers += parse_batch_answers(raw[-1], n)
+        bar.update(n)
+    return raw, answers
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def score(dataset: str, prediction: str, item: QAItem) -> dict:
+    """Per-question scores; for QuAC `counted` says whether the official F1 counts it (human F1 >= 0.4)."""
+    if dataset == "squad":
+        return {"em": squad_exact_match(prediction, item.answers), "f1": squad_f1(prediction, item.answers)}
+    if dataset == "drop":
+        em, f1 = drop_em_f1(prediction, item.drop_references)
+        return {"em": em, "f1": f1}
+    return {"f1": quac_f1(prediction, item.answers), "counted": quac_human_f1(item.answers) >= HUMAN_F1_MIN}
+
+
+def paired_bootstrap(base, other, resamples: int = 1000, seed: int = 0, level: float = 0.95) -> dict:
+    """Mean of other - base and its percentile bootstrap CI, resampling paired questions.
+
+    base, other: [Q] per-question scores of two methods on the same questions.
+    """
+    diff = np.asarray(other, dtype=np.float64) - np.asarray(base, dtype=np.float64)
+    if diff.size == 0:
+        return {"mean": 0.0, "lo": 0.0, "hi": 0.0, "resamples": resamples}
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([diff[rng.integers(0, diff.size, (min(500, resamples - s), diff.size))].mean(1)
+                            for s in range(0, resamples, 500)])  # fmt: skip  (chunks bound the index memory)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"mean": float(diff.mean()), "lo": float(lo), "hi": float(hi), "resamples": resamples}
+
+
+def summarize(dataset: str, records: list[dict], methods, wall: dict, config: QualityConfig) -> dict:
+    """Corpus scores, wall time, speedup and the paired comparison with standard, per method."""
+    counted = [r for r in records if r["scores"][methods[0]].get("counted", True)]
+    summary = {}
+    for m in methods:
+        row = {"wall_s": wall[m], "f1": float(np.mean([r["scores"][m]["f1"] for r in counted] or [0.0]))}
+        row["em"] = None if dataset == "quac" else float(np.mean([r["scores"][m]["em"] for r in records]))
+        if dataset == "quac":
+            dialogues = {}
+            for r in records:
+                dialogues.setdefault(r["document"], []).append((r["predictions"][m], r["answers"]))
+            row.update({k: v for k, v in asdict(quac_scores(list(dialogues.values()))).items() if k != "f1"})
+        if "standard" in methods and m != "standard":
+            row["speedup"] = wall["standard"] / wall[m] if wall[m] > 0 else None
+            row["f1_minus_standard"] = paired_bootstrap([r["scores"]["standard"]["f1"] for r in counted],
+                                                        [r["scores"][m]["f1"] for r in counted],
+                                                        config.resamples, config.seed)  # fmt: skip
+            row["differ_from_standard"] = sum(r["predictions"][m] != r["predictions"]["standard"] for r in records)
+        summary[m] = row
+    return summary
+
+
+def table(report: dict) -> str:
+    """The summary as a markdown table (scores times 100, as the official scripts print them)."""
+    s, lines = report["summary"], [
+        f"{report['dataset']}: {report['n_questions']} questions, {report['n_documents']} documents; "
+        f"{report['model']}, {report['config']['dtype']}, {report['config']['device']}; greedy, "
+        f"max_new_tokens={report['config']['max_new_tokens']}, standard_batch_size="
+        f"{report['config']['standard_batch_size']}, docs_per_call={report['config']['docs_per_call']}",
+        "",
+        "| method | EM | F1 | wall s | speedup vs standard | F1 - standard [95% CI] | differ from standard |",
+        "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]  # fmt: skip
+    for m, row in s.items():
+        em = "-" if row["em"] is None else f"{100 * row['em']:.1f}"
+        speed = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
+        ci = row.get("f1_minus_standard")
+        ci = f"{100 * ci['mean']:+.2f} [{100 * ci['lo']:+.2f}, {100 * ci['hi']:+.2f}]" if ci else "-"
+        differ = f"{row['differ_from_standard']}/{report['n_questions']}" if "differ_from_standard" in row else "-"
+        lines.append(f"| {m} | {em} | {100 * row['f1']:.1f} | {row['wall_s']:.1f} | {speed} | {ci} | {differ} |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfig, model_name: str = "") -> dict:
+    """Run every method on `documents`, score them and summarize; the report as a JSON-able dict."""
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    items = [(d, item) for d in documents for item in d.items]
+    per_document = [question_prompts(tokenizer, config.dataset, d) for d in documents]
+    prompts = [p for doc in per_document for p in doc]
+    batch_prompts = [batch_prompt(tokenizer, d) for d in documents] if "batch" in config.methods else []
+    raw, wall, batch_raw, load_before = {}, {}, None, os.getloadavg()
+    for m in config.methods:
+        with tqdm(total=len(items), desc=m, unit="q") as bar:
+            start = _clock(model)
+            if m == "standard":
+                raw[m] = _decode(tokenizer, run_standard(model, prompts, config, eos, pad, bar))
+            elif m == "parallel":
+                raw[m] = _decode(tokenizer, run_parallel(model, per_document, config, eos, bar))
+            else:
+                batch_raw, raw[m] = run_batch(model, tokenizer, documents, batch_prompts, config, eos, pad, bar)
+            wall[m] = _clock(model) - start
+    records = []
+    for i, (document, item) in enumerate(items):
+        predictions = {m: postprocess(raw[m][i], config.dataset) for m in config.methods}
+        records.append({"id": item.id, "document": document.id, "question": item.question, "answers": item.answers,
+                        "raw": {m: raw[m][i] for m in config.methods}, "predictions": predictions,
+                        "scores": {m: score(config.dataset, p, item) for m, p in predictions.items()}})  # fmt: skip
+    return {
+        "dataset": config.dataset, "model": model_name or type(model).__name__, "config": asdict(config),
+        "n_questions": len(items), "n_documents": len(documents),
+        "environment": {"torch": torch.__version__, "transformers": transformers.__version__,
+                        "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                        "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "summary": summarize(config.dataset, records, config.methods, wall, config),
+        "batch_outputs": batch_raw, "questions": records,
+    }  # fmt: skip
+
+
+def _decode(tokenizer, answers: list[list[int]]) -> list[str]:
+    return [tokenizer.decode(a, skip_special_tokens=True) for a in answers]
+
+
+def _clock(model) -> float:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return time.perf_counter()
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    eos = tokenizer.eos_token_id if eos is None else eos
+    if eos is None:
+        raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token")
+    return [eos] if isinstance(eos, int) else list(eos)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per `QualityConfig` field."""
+    default = QualityConfig()
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default=default.dataset)
+    parser.add_argument("--data", help="dataset file or HF name (default: the offline copy in ../shared/data/)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--limit", type=int, help="number of questions (whole documents, the last one cut)")
+    parser.add_argument("--max-new-tokens", type=int, default=default.max_new_tokens)
+    parser.add_argument("--standard-batch-size", type=int, default=default.standard_batch_size)
+    parser.add_argument("--docs-per-call", type=int, default=default.docs_per_call)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=default.dtype)
+    parser.add_argument("--device", default=default.device, help="cpu or cuda[:N]")
+    parser.add_argument("--attn", default=default.attn, help="generate_tokens' attention path")
+    parser.add_argument("--resamples", type=int, default=default.resamples)
+    parser.add_argument("--seed", type=int, default=default.seed)
+    parser.add_argument("--out", help="JSON report path; the table goes beside it as .md")
+
+
+def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
+    """Load the data (and SmolLM2 unless given a model), evaluate, write JSON and table, print the table."""
+    documents = DATASETS[config.dataset](config.data, config.limit)
+    name = type(model).__name__ if model is not None else "SmolLM2-135M-Instruct"
+    if model is None:
+        from ..models import load_smollm2
+
+        model, tokenizer = load_smollm2(getattr(torch, config.dtype), config.device)
+    report = evaluate(model, tokenizer, documents, config, name)
+    text = table(report)
+    if config.out:
+        out = Path(config.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    return report
+
+
+def parse_config(argv: list[str] | None = None, prog: str | None = None) -> QualityConfig:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
+    add_arguments(parser)
+    return QualityConfig(**vars(parser.parse_args(argv)))
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    run(parse_config(argv, prog))

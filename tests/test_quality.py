@@ -1,0 +1,252 @@
+"""The answer-quality runner: bootstrap CI, prompts, post-processing, config, and end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from hf_parallel.evaluation.datasets import load_quac
+from hf_parallel.evaluation.metrics import squad_f1
+from hf_parallel.evaluation.quality import (
+    QualityConfig,
+    add_arguments,
+    paired_bootstrap,
+    parse_config,
+    postprocess,
+    question_prompts,
+    run,
+)
+
+from .conftest import VOCAB, tiny_model
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def char_tokenizer(chat: bool = True) -> PreTrainedTokenizerFast:
+    """One token per (lower-cased) character, ids below the tiny models' vocabulary; EOS = 2 as in LlamaConfig."""
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789 .,;:?!'\"-()\n")
+    vocab = {token: i for i, token in enumerate(specials + chars)}
+    assert len(vocab) <= VOCAB
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.normalizer = normalizers.Lowercase()
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>",
+                                        unk_token="<unk>", additional_special_tokens=["<|im_start|>"])  # fmt: skip
+    tokenizer.chat_template = CHATML if chat else None
+    return tokenizer
+
+
+def _squad_fixture(tmp_path):
+    def qa(qid, question, answer):
+        return {"id": qid, "question": question, "answers": [{"text": answer, "answer_start": 0}]}
+
+    data = {"data": [{"title": "T", "paragraphs": [
+        {"context": "The cat sat on the mat in 1999.", "qas": [
+            qa("a", "Where did the cat sit?", "on the mat"), qa("b", "When?", "1999"), qa("c", "Who sat?", "cat")]},
+        {"context": "Rain fell on Paris all day.", "qas": [qa("d", "Where did rain fall?", "Paris"),
+                                                           qa("e", "How long?", "all day")]},
+        {"context": "Bob plays chess.", "qas": [qa("f", "What does Bob play?", "chess")]},
+    ]}]}  # fmt: skip
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _quac_fixture(tmp_path):
+    def qa(qid, question, answer):
+        return {"id": qid, "question": question, "answers": [{"text": answer, "answer_start": 0}] * 2,
+                "orig_answer": {"text": answer, "answer_start": 0}}  # fmt: skip
+
+    data = {"data": [{"paragraphs": [
+        {"id": "D1", "context": "Ann, born in Rome, moved to Oslo. CANNOTANSWER", "qas": [
+            qa("D1#0", "Born where?", "in Rome"), qa("D1#1", "Pets?", "CANNOTANSWER"),
+            qa("D1#2", "Moved where?", "Oslo")]},
+        {"id": "D2", "context": "Tom sings. CANNOTANSWER", "qas": [qa("D2#0", "What does Tom do?", "sings")]},
+    ]}]}  # fmt: skip
+    path = tmp_path / "quac.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _tiny(arch):
+    """A tiny random model for character prompts, which run past its 256 positions; rotary
+    embeddings are computed per position, so the limit is only the config's number."""
+    model = tiny_model(arch)
+    model.config.max_position_embeddings = 1024
+    return model
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def test_bootstrap_of_identical_scores_is_zero():
+    base = np.random.default_rng(1).random(300)
+    assert paired_bootstrap(base, base.copy(), resamples=1000) == {"mean": 0.0, "lo": 0.0, "hi": 0.0,
+                                                                    "resamples": 1000}  # fmt: skip
+
+
+def test_bootstrap_ci_excludes_zero_under_a_shift_and_covers_it_without_one():
+    rng = np.random.default_rng(2)
+    base = rng.random(400)
+    shifted = paired_bootstrap(base, base + 0.05 + rng.normal(0, 0.1, 400), resamples=2000, seed=3)
+    assert 0 < shifted["lo"] < 0.05 < shifted["hi"]
+    noise = paired_bootstrap(base, base + rng.normal(0, 0.1, 400) - 0.0, resamples=2000, seed=3)
+    assert noise["lo"] < 0 < noise["hi"] or abs(noise["mean"]) > 2 * (noise["hi"] - noise["lo"])
+    assert paired_bootstrap(base, base + 0.01, seed=3) == paired_bootstrap(base, base + 0.01, seed=3)
+
+
+def test_bootstrap_ci_width_shrinks_with_more_questions():
+    rng = np.random.default_rng(4)
+    small, large = rng.normal(0, 0.3, 50), rng.normal(0, 0.3, 5000)
+    narrow = paired_bootstrap(np.zeros(5000), large)
+    wide = paired_bootstrap(np.zeros(50), small)
+    assert narrow["hi"] - narrow["lo"] < (wide["hi"] - wide["lo"]) / 5
+
+
+# --------------------------------------------------------------------------- prompts and answers
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_quac_turn_prompts_extend_each_other_as_tokens(tmp_path, chat):
+    tokenizer = char_tokenizer(chat)
+    (dialogue, _) = load_quac(_quac_fixture(tmp_path))
+    prompts = question_prompts(tokenizer, "quac", dialogue)
+    for shorter, longer in zip(prompts, prompts[1:]):
+        assert len(shorter) < len(longer) and longer[: len(shorter)] == shorter
+    last = tokenizer.decode(prompts[-1])
+    assert "born where?" in last and "in rome" in last and "i cannot answer" in last  # history, abstention
+    assert last.count("ann, born in rome") == 1 and "cannotanswer" not in last  # the document once, marker gone
+
+
+def test_squad_prompts_share_the_document_and_end_with_the_question():
+    tokenizer = char_tokenizer()
+    document = type("Doc", (), {"text": "Some text.", "items": [type("I", (), {"question": q}) for q in "ab"]})
+    first, second = question_prompts(tokenizer, "squad", document)
+    assert tokenizer.decode(first).endswith("question: a<|im_end|>\n<|im_start|>assistant\n")
+    assert first[:-20] == second[:-20]
+
+
+@pytest.mark.parametrize("text, dataset, expected", [
+    ("  Denver Broncos\nThey won.", "squad", "Denver Broncos"),
+    ("\n\nParis.  ", "drop", "Paris."),
+    ("I cannot answer that.", "quac", "CANNOTANSWER"),
+    ("I can't answer", "quac", "CANNOTANSWER"),
+    ("The text does not say.", "quac", "CANNOTANSWER"),
+    ('"Unknown"', "quac", "CANNOTANSWER"),
+    ("I cannot answer that.", "squad", "I cannot answer that."),
+    ("Unknowns of the war", "quac", "Unknowns of the war"),
+    ("She cannot answer the phone", "quac", "She cannot answer the phone"),
+])  # fmt: skip
+def test_postprocess_is_first_line_and_maps_quac_abstentions(text, dataset, expected):
+    assert postprocess(text, dataset) == expected
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def test_every_config_field_has_exactly_one_flag():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert set(vars(parser.parse_args([]))) == {f.name for f in fields(QualityConfig)}
+    config = parse_config(["--dataset", "drop", "--methods", "parallel", "standard", "--limit", "5",
+                           "--standard-batch-size", "4", "--docs-per-call", "3", "--dtype", "bfloat16"])  # fmt: skip
+    assert (config.dataset, config.methods, config.limit) == ("drop", ("parallel", "standard"), 5)
+    assert (config.standard_batch_size, config.docs_per_call, config.dtype) == (4, 3, "bfloat16")
+    assert config.data.endswith("drop-dev.jsonl.gz")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(dataset="nq"), "dataset"), (dict(dataset="quac"), "offline"), (dict(methods=("greedy",)), "methods"),
+    (dict(methods=()), "methods"), (dict(limit=0), "limit"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(standard_batch_size=0), "standard_batch_size"), (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
+])  # fmt: skip
+def test_config_refuses_bad_values(bad, match):
+    with pytest.raises(ValueError, match=match):
+        QualityConfig(**bad)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _check_report(report, n_questions):
+    assert report["n_questions"] == len(report["questions"]) == n_questions
+    parallel = report["summary"]["parallel"]
+    assert parallel["differ_from_standard"] == 0  # fp32 greedy: token-identical to one at a time
+    assert parallel["f1_minus_standard"]["lo"] == parallel["f1_minus_standard"]["hi"] == 0.0
+    for record in report["questions"]:
+        assert record["raw"]["parallel"] == record["raw"]["standard"]
+        assert set(record["predictions"]) == {"standard", "parallel", "batch"}
+
+
+def test_runner_end_to_end_on_a_tiny_model(tmp_path):
+    model, tokenizer = _tiny("llama"), char_tokenizer()
+    out = tmp_path / "out" / "squad.json"
+    config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, docs_per_call=2, out=str(out),
+                           resamples=200)  # fmt: skip
+    report = run(config, model, tokenizer)
+    _check_report(report, 6)
+    assert json.loads(out.read_text())["summary"] == report["summary"]
+    table = out.with_suffix(".md").read_text()
+    assert "| parallel |" in table and "| batch |" in table and "0/6" in table
+    for record in report["questions"]:
+        assert record["predictions"]["standard"] == record["raw"]["standard"].strip().split("\n")[0].strip()
+        assert record["scores"]["batch"]["f1"] == squad_f1(record["predictions"]["batch"], record["answers"])
+    assert [r["id"] for r in report["questions"]] == list("abcdef")
+    limited = run(QualityConfig(data=config.data, max_new_tokens=5, limit=4, methods=("parallel", "standard")),
+                  model, tokenizer)  # fmt: skip
+    assert [r["predictions"]["parallel"] for r in limited["questions"]] == [
+        r["predictions"]["parallel"] for r in report["questions"][:4]]  # same answers one document per call
+
+
+def test_runner_on_quac_dialogues_and_batched_standard(tmp_path):
+    model, tokenizer = _tiny("qwen2"), char_tokenizer()
+    config = QualityConfig(dataset="quac", data=str(_quac_fixture(tmp_path)), max_new_tokens=4,
+                           standard_batch_size=3, resamples=100)  # fmt: skip
+    report = run(config, model, tokenizer)
+    assert report["n_questions"] == 4 and report["n_documents"] == 2
+    summary = report["summary"]["standard"]
+    assert summary["em"] is None and {"heq_q", "heq_d", "human_f1"} <= set(summary)
+    one_at_a_time = run(QualityConfig(**{**config.__dict__, "standard_batch_size": 1}), model, tokenizer)
+    _check_report(one_at_a_time, 4)
+
+
+@pytest.mark.slow
+def test_smollm2_squad_end_to_end(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    config = QualityConfig(limit=6, max_new_tokens=16, out=str(tmp_path / "squad.json"), resamples=200)
+    report = run(config, model, tokenizer)
+    _check_report(report, 6)
+    assert report["summary"]["standard"]["f1"] > 0  # real answers get scored (SmolLM2-135M overlaps a little)
+    assert report["batch_outputs"][0].strip()
+
+
+@pytest.mark.slow
+def test_smollm2_quac_history_prompts_extend_each_other(smollm2, tmp_path):
+    _, tokenizer = smollm2
+    (dialogue, _) = load_quac(_quac_fixture(tmp_path))
+    prompts = question_prompts(tokenizer, "quac", dialogue)
+    assert all(longer[: len(shorter)] == shorter for shorter, longer in zip(prompts, prompts[1:]))
+
+
+def test_cli_eval_builds_the_config(monkeypatch):
+    from hf_parallel import cli
+    from hf_parallel.evaluation import quality
+
+    seen = []
+    monkeypatch.setattr(quality, "run", seen.append)
+    cli.main(["eval", "--dataset", "drop", "--limit", "7", "--methods", "parallel"])
+    assert (seen[0].dataset, seen[0].limit, seen[0].methods) == ("drop", 7, ("parallel",))
+    with pytest.raises(SystemExit):
+        cli.main(["eval", "--dataset", "nq"])
