@@ -105,12 +105,13 @@ def test_bootstrap_ci_excludes_zero_under_a_shift_and_covers_it_without_one():
     assert paired_bootstrap(base, base + 0.01, seed=3) == paired_bootstrap(base, base + 0.01, seed=3)
 
 
-def test_bootstrap_ci_width_shrinks_with_more_questions():
-    rng = np.random.default_rng(4)
-    small, large = rng.normal(0, 0.3, 50), rng.normal(0, 0.3, 5000)
-    narrow = paired_bootstrap(np.zeros(5000), large)
-    wide = paired_bootstrap(np.zeros(50), small)
-    assert narrow["hi"] - narrow["lo"] < (wide["hi"] - wide["lo"]) / 5
+@pytest.mark.parametrize("n", [50, 2000])
+def test_bootstrap_ci_width_matches_the_standard_error(n):
+    diff = np.random.default_rng(n).normal(0, 0.3, n)
+    ci = paired_bootstrap(np.zeros(n), diff, resamples=4000)
+    expected = 2 * 1.96 * diff.std() / np.sqrt(n)  # normal approximation of the mean's 95% interval
+    assert ci["hi"] - ci["lo"] == pytest.approx(expected, rel=0.1)
+    assert ci["lo"] < ci["mean"] < ci["hi"] and ci["mean"] == pytest.approx(diff.mean())
 
 
 # --------------------------------------------------------------------------- prompts and answers
