@@ -126,9 +126,11 @@ class _Runner:
         """Eager forward, or CUDA-graph replay when asked for and possible."""
         if self.row is not None:
             return self.row.graphs.bind(self)
-        return lambda q_slot, tokens, changed: self.forward(
-            self.plan(q_slot), tokens, torch.arange(len(tokens), device=self.device)
-        )
+        return lambda q_slot, tokens, changed: self.eager_step(q_slot, tokens)
+
+    def eager_step(self, q_slot: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode forward without a graph: logits [n, V] of the n new tokens."""
+        return self.forward(self.plan(q_slot), tokens, torch.arange(len(tokens), device=self.device))
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):

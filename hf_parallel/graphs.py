@@ -107,8 +107,7 @@ class DecodeGraphs:
             except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
                 warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly")
                 self.failed = True
-        runner = self.runner
-        return runner.forward(runner.plan(q_slot), tokens, torch.arange(n, device=tokens.device))
+        return self.runner.eager_step(q_slot, tokens)
 
     def _fill(self, cap: _Captured, q_slot: torch.Tensor, tokens: torch.Tensor) -> None:
         n, b = len(tokens), len(cap.tokens)
