@@ -18,7 +18,7 @@ from .cache import PackedCache
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .plan import AttentionPlan, SlotIds
-from .graphs import StaticRow
+from .graphs import StaticRow, bucket
 from .sampling import Sampler
 
 
@@ -102,25 +102,39 @@ class _Runner:
         return logits
 
     def decode(self, logits: torch.Tensor) -> list[list[int]]:
-        """Sample and feed back one token per live stream until every stream stops."""
+        """Sample and feed back one token per live stream until every stream stops.
+
+        Eager steps drop a stream as soon as it stops.  Captured steps run a bucket of rows
+        anyway, so there a stopped stream keeps decoding into its own answer region (which
+        only it sees; its tokens are not recorded) until the live streams fit the next
+        smaller bucket: the tile plan is then rebuilt on the host once per bucket, not
+        once per stopping stream.
+        """
         n = self.layout.num_prompts
         sampler = Sampler(self.opts, self.device)
         step_fn = self._decode_step_fn()
         out = torch.full((n, self.opts.max_new_tokens), -1, dtype=torch.long, device=self.device)
-        live = torch.arange(n, device=self.device)
+        live = torch.arange(n, device=self.device)  # the streams fed this step
+        running = torch.ones(n, dtype=torch.bool, device=self.device)  # ... of which have not stopped
         answer_slots = self.layout.answer_slots.to(self.device)
-        changed = True  # the set of live streams changed since the last step
+        changed = True  # the set of fed streams changed since the last step
         for step in range(self.opts.max_new_tokens):
             new = sampler(logits, step)
-            out[live, step] = new
-            keep = ~sampler.is_eos(new)
-            if step + 1 == self.opts.max_new_tokens or not keep.any():
+            out[live, step] = torch.where(running, new, -1)
+            running &= ~sampler.is_eos(new)
+            left = int(running.sum())  # the one host sync of a step
+            if step + 1 == self.opts.max_new_tokens or left == 0:
                 break
-            if not keep.all():
-                live, new, changed = live[keep], new[keep], True
+            if left < len(live) and (not self.captured_steps or left <= bucket(len(live)) // 2):
+                live, new, running, changed = live[running], new[running], running[running], True
             logits = step_fn(answer_slots[live, step], new, changed)
             changed = False
         return [[t for t in row if t >= 0] for row in out.tolist()]
+
+    @property
+    def captured_steps(self) -> bool:
+        """Whether decode steps replay CUDA graphs (over a `StaticRow`)."""
+        return self.row is not None
 
     def _decode_step_fn(self):
         """Eager forward, or CUDA-graph replay when asked for and possible."""

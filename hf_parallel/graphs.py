@@ -33,6 +33,11 @@ class _Captured:
     attn_state: object  # the attention path's static per-graph state (None for the reference)
 
 
+def bucket(n: int) -> int:
+    """Rows of the captured step that serves n live streams: n rounded up to a power of two."""
+    return 1 << (n - 1).bit_length()
+
+
 ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share captured graphs
 
 
@@ -95,7 +100,7 @@ class DecodeGraphs:
     def __call__(self, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> torch.Tensor:
         n = len(tokens)
         if not self.failed:
-            key = (1 << (n - 1).bit_length(), self.runner.attn, self.runner.opts.streams_per_tile)
+            key = (bucket(n), self.runner.attn, self.runner.opts.streams_per_tile)
             try:
                 if key in self.captured and not self._refresh(self.captured[key], q_slot, tokens, changed):
                     del self.captured[key]  # this layout outgrew the graph's static tile plan

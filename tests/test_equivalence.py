@@ -69,6 +69,18 @@ def test_streams_stop_at_eos_at_different_steps(arch_model):
     assert any(g[-1] in eos for g in got)
 
 
+def test_stopped_streams_kept_until_the_bucket_shrinks(llama, monkeypatch):
+    """The captured-step policy (stopped streams decode on, unrecorded, until the live ones fit a smaller
+    bucket) run through eager steps on the CPU: the answers must still be each question's own."""
+    monkeypatch.setattr("hf_parallel.generation._Runner.captured_steps", property(lambda self: True))
+    gen = torch.Generator().manual_seed(12)
+    prompts = _doc_questions(gen, 9)
+    free = [generate_alone(llama, p, 12, None) for p in prompts]
+    eos = {free[i][i % 10] for i in range(len(prompts))}  # most streams stop, at different steps
+    got = _check(llama, prompts, max_new_tokens=12, eos=sorted(eos))
+    assert len({len(g) for g in got}) >= 3, "the test should make streams stop at several different steps"
+
+
 def test_min_new_tokens_delays_eos(llama):
     gen = torch.Generator().manual_seed(12)
     prompts = _doc_questions(gen, 3)
