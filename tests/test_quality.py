@@ -7,6 +7,7 @@ from dataclasses import fields
 
 import numpy as np
 import pytest
+import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -14,6 +15,7 @@ from hf_parallel.evaluation.datasets import load_quac
 from hf_parallel.evaluation.metrics import squad_f1
 from hf_parallel.evaluation.quality import (
     QualityConfig,
+    StopAtString,
     add_arguments,
     paired_bootstrap,
     parse_config,
@@ -171,7 +173,7 @@ def test_every_config_field_has_exactly_one_flag():
 @pytest.mark.parametrize("bad, match", [
     (dict(dataset="nq"), "dataset"), (dict(dataset="quac"), "offline"), (dict(methods=("greedy",)), "methods"),
     (dict(methods=()), "methods"), (dict(limit=0), "limit"), (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(standard_batch_size=0), "standard_batch_size"), (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
+    (dict(standard_batch_size=0), "standard_batch_size"), (dict(batch_rows=0), "batch_rows"), (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
 ])  # fmt: skip
 def test_config_refuses_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -221,6 +223,25 @@ def test_runner_on_quac_dialogues_and_batched_standard(tmp_path):
     assert summary["em"] is None and {"heq_q", "heq_d", "human_f1"} <= set(summary)
     one_at_a_time = run(QualityConfig(**{**config.__dict__, "standard_batch_size": 1}), model, tokenizer)
     _check_report(one_at_a_time, 4)
+
+
+def test_stop_at_string_stops_each_row_at_its_own_string():
+    tokenizer = char_tokenizer()
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt = encode("a2: the prompt does not count ")
+    rows = torch.tensor([prompt + encode("a1: x a2:"), prompt + encode("a1: x a2:"), prompt + encode("a1: a3: y")])
+    stop = StopAtString(tokenizer, ["a2:", "a3:", "a3:"], len(prompt))
+    assert stop(rows, None).tolist() == [True, False, True]
+    assert StopAtString(tokenizer, ["a2:"], len(prompt))(torch.tensor([prompt + encode("a1")]), None).tolist() == [False]
+
+
+def test_batch_prompting_rows_batched_give_the_same_outputs(tmp_path):
+    model, tokenizer = _tiny("llama"), char_tokenizer(chat=False)
+    config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=6, methods=("batch",), resamples=50)
+    alone = run(config, model, tokenizer)
+    batched = run(QualityConfig(**{**config.__dict__, "batch_rows": 2}), model, tokenizer)
+    assert batched["batch_outputs"] == alone["batch_outputs"]
+    assert [len(t) for t in alone["batch_outputs"]] != [0, 0, 0]
 
 
 @pytest.mark.slow

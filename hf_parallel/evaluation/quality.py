@@ -4,6 +4,7 @@
                `standard_batch_size` independent prompts)
     parallel   `generate_tokens` over all questions of `docs_per_call` documents as streams
     batch      all questions of a document in one prompt, answered in one sequence, parsed back
+               (left-padded rows of `batch_rows` documents' sequences)
 
 Standard and parallel see the same token prompts; all methods decode greedily, stop at EOS
 and post-process alike (strip, first line).  Scores are the official SQuAD / DROP / QuAC
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 import transformers
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..generation import generate_tokens
 from ..prompting import render_prompts
@@ -63,6 +65,7 @@ class QualityConfig:
     max_new_tokens: int = 32  # per answer; batch prompting gets this times the document's questions
     standard_batch_size: int = 1  # independent prompts per left-padded model.generate call
     docs_per_call: int = 1  # documents packed into one generate_tokens call
+    batch_rows: int = 1  # batch-prompting sequences (documents) per left-padded model.generate call
     dtype: str = "float32"
     device: str = "cpu"
     attn: str = "auto"  # generate_tokens' attention path
@@ -79,7 +82,7 @@ class QualityConfig:
         self.methods = tuple(dict.fromkeys(self.methods))
         if not self.methods or not set(self.methods) <= set(METHODS):
             raise ValueError(f"methods must be a non-empty subset of {METHODS}, got {self.methods}")
-        for name in ("max_new_tokens", "standard_batch_size", "docs_per_call", "resamples"):
+        for name in ("max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "resamples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:
@@ -142,17 +145,31 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 def _generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int,
-                   stop: dict | None = None) -> list[list[int]]:  # fmt: skip
+                   stop=None) -> list[list[int]]:  # fmt: skip
     """Plain greedy `model.generate` over left-padded independent prompts; new tokens before EOS.
 
-    stop: optional {"stop_strings": [...], "tokenizer": tokenizer} for `generate`.
+    stop: optional `StoppingCriteria` for `generate` (per row).
     """
     width = max(map(len, prompts))
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    extra = {"stopping_criteria": StoppingCriteriaList([stop])} if stop is not None else {}
     out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=eos, pad_token_id=pad, **(stop or {}))  # fmt: skip
+                         eos_token_id=eos, pad_token_id=pad, **extra)  # fmt: skip
     return [_until_eos(row, set(eos)) for row in out[:, width:].tolist()]
+
+
+class StopAtString(StoppingCriteria):
+    """Per row: stop once the row's new text contains its own stop string (rows of one
+    `generate` call have different ones, which `generate(stop_strings=...)` cannot say)."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_width: int, window: int = 12):
+        self.tokenizer, self.stops, self.width, self.window = tokenizer, stops, prompt_width, window
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        tail = input_ids[:, max(self.width, input_ids.shape[1] - self.window) :]
+        texts = self.tokenizer.batch_decode(tail.tolist(), skip_special_tokens=True)
+        return torch.tensor([s in t for s, t in zip(self.stops, texts)], device=input_ids.device)
 
 
 def run_standard(model, prompts, config: QualityConfig, eos, pad, bar) -> list[list[int]]:
@@ -184,15 +201,21 @@ def run_batch(model, tokenizer, documents, prompts, config: QualityConfig, eos, 
 
     Each sequence stops at EOS, after max_new_tokens per question, or when the model starts
     an answer past the last question ("A<n+1>:"), which the parser would drop anyway.
+    Sequences are batched `batch_rows` at a time, documents of similar question counts and
+    prompt lengths together; a row that stops early is padded while the others go on.
     """
-    raw, answers = [], []
-    for document, prompt in zip(documents, prompts):
-        n = len(document.items)
-        stop = {"stop_strings": [f"A{n + 1}:"], "tokenizer": tokenizer}
-        (tokens,) = _generate_rows(model, [prompt], config.max_new_tokens * n, eos, pad, stop)
-        raw.append(tokenizer.decode(tokens, skip_special_tokens=True))
-        answers += parse_batch_answers(raw[-1], n)
-        bar.update(n)
+    order = sorted(range(len(documents)), key=lambda i: (len(documents[i].items), len(prompts[i])))
+    raw: list[str] = [""] * len(documents)
+    for start in range(0, len(order), config.batch_rows):
+        rows = order[start : start + config.batch_rows]
+        counts = [len(documents[i].items) for i in rows]
+        width = max(len(prompts[i]) for i in rows)
+        stop = StopAtString(tokenizer, [f"A{n + 1}:" for n in counts], width)
+        new = _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens * max(counts), eos, pad, stop)
+        for i, n, tokens in zip(rows, counts, new):
+            raw[i] = tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
+        bar.update(sum(counts))
+    answers = [a for document, text in zip(documents, raw) for a in parse_batch_answers(text, len(document.items))]
     return raw, answers
 
 
@@ -252,7 +275,8 @@ def table(report: dict) -> str:
         f"{report['dataset']}: {report['n_questions']} questions, {report['n_documents']} documents; "
         f"{report['model']}, {report['config']['dtype']}, {report['config']['device']}; greedy, "
         f"max_new_tokens={report['config']['max_new_tokens']}, standard_batch_size="
-        f"{report['config']['standard_batch_size']}, docs_per_call={report['config']['docs_per_call']}",
+        f"{report['config']['standard_batch_size']}, docs_per_call={report['config']['docs_per_call']}, "
+        f"batch_rows={report['config'].get('batch_rows', 1)}",
         "",
         "| method | EM | F1 | wall s | speedup vs standard | F1 - standard [95% CI] | differ from standard |",
         "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
@@ -334,6 +358,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=default.max_new_tokens)
     parser.add_argument("--standard-batch-size", type=int, default=default.standard_batch_size)
     parser.add_argument("--docs-per-call", type=int, default=default.docs_per_call)
+    parser.add_argument("--batch-rows", type=int, default=default.batch_rows,
+                        help="batch-prompting sequences per left-padded model.generate call")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=default.dtype)
     parser.add_argument("--device", default=default.device, help="cpu or cuda[:N]")
     parser.add_argument("--attn", default=default.attn, help="generate_tokens' attention path")
