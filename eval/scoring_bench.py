@@ -260,11 +260,15 @@ def measure(model, w: Workload, args) -> dict:
         "alone": lambda wl: run_alone(model, wl),
         "staged": lambda wl: run_staged(model, wl),
         "staged_tree": lambda wl: run_staged_tree(model, wl),
-        "tree": lambda wl: run_tree(model, wl, args.attn, args.max_tokens_per_forward),
-        "tree_per_group": lambda wl: run_tree_per_group(model, wl, args.attn, args.max_tokens_per_forward),
+        "tree": lambda wl: run_tree(model, wl, args.attn[0], args.max_tokens_per_forward),
+        "tree_per_group": lambda wl: run_tree_per_group(model, wl, args.attn[0], args.max_tokens_per_forward),
     }
+    for attn in args.attn[1:]:  # the same one-pass tree through another attention path
+        methods[f"tree_{attn}"] = lambda wl, attn=attn: run_tree(model, wl, attn, args.max_tokens_per_forward)
     if len(w.groups) == 1:
         del methods["tree_per_group"]
+    if args.methods:
+        methods = {k: v for k, v in methods.items() if k == "alone" or k in args.methods or k.startswith("tree_")}
     warm = Workload(w.name, w.prompts[:1], w.continuations[:1], [[0]], n_yes=w.n_yes)
     report = {"workload": w.name, "prompts": len(w.prompts), "candidates": sum(map(len, w.continuations)), **w.notes}
     results = {}
@@ -320,9 +324,7 @@ def markdown(reports: list[dict], header: str) -> str:
              "forwards | max abs diff vs alone | same pick as alone | accuracy (sum / mean logprob) |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in reports:
-        for name in ("alone", "staged", "staged_tree", "tree", "tree_per_group"):
-            if name not in r:
-                continue
+        for name in [k for k, v in r.items() if isinstance(v, dict) and "wall_s" in v]:
             e = r[name]
             acc = f"{e['accuracy_sum']:.3f} / {e['accuracy_mean']:.3f}" if "accuracy_sum" in e else ""
             lines.append(f"| {r['workload']} ({r['prompts']} prompts, {r['candidates']} candidates) | {name} | "
@@ -334,7 +336,7 @@ def markdown(reports: list[dict], header: str) -> str:
             lines += ["", f"Assembled answers ({r['workload']}):", ""]
             lines += [f"- {m}: " + "; ".join(f"{q} = {a['answer']}" + (f" ({a['score']:.3f})" if a["score"] else "")
                                              for q, a in r[m]["answers"].items())
-                      for m in ("alone", "staged", "staged_tree", "tree")]
+                      for m in ("alone", "staged", "staged_tree", "tree") if m in r]
     return "\n".join(lines) + "\n"
 
 
@@ -363,7 +365,10 @@ def main() -> None:
     parser.add_argument("--context-tokens", type=int, default=4096)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--candidates", type=int, default=8)
-    parser.add_argument("--attn", default="auto")
+    parser.add_argument("--attn", nargs="+", default=["auto"],
+                        help="attention path of the tree method; more paths add tree_<path> rows")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="only these methods (alone always runs: it is the baseline of the comparison)")
     parser.add_argument("--max-tokens-per-forward", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
