@@ -27,18 +27,33 @@ def alone(model, prompt, new, eos):
     return out[0, len(prompt) :].tolist()
 
 
+@torch.inference_mode()
+def explain(model, prompt, fast, ref) -> dict:
+    """Where two answers part, and how close the choice was: the top-2 logit gap of a plain forward
+    over the prompt and the common prefix (a near tie that bf16 summation order can flip)."""
+    i = next(i for i, (x, y) in enumerate(zip(fast + [-1], ref + [-2])) if x != y)
+    logits = model(torch.tensor([prompt + fast[:i]], device=model.device)).logits[0, -1].float()
+    top = logits.topk(2)
+    pick = lambda seq: logits[seq[i]].item() if i < len(seq) else None  # noqa: E731
+    return {"first_differing_token": i, "top2_gap": (top.values[0] - top.values[1]).item(),
+            "triton_logit": pick(fast), "reference_logit": pick(ref), "top1": top.indices[0].item(),
+            "triton_token": fast[i] if i < len(fast) else None, "reference_token": ref[i] if i < len(ref) else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
     parser.add_argument("--fp32-paragraphs", type=int, default=4)
-    parser.add_argument("--bf16-paragraphs", type=int, default=60)
+    parser.add_argument("--bf16-paragraphs", type=int, default=200)
+    parser.add_argument("--docs-per-call", type=int, default=20)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--device", default="cuda", help="cuda (cpu only for a quick check, TRITON_INTERPRET=1)")
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     docs = load_squad(args.data)
     report = {}
-    model, tok = load_smollm2(torch.float32, "cuda")
+    model, tok = load_smollm2(torch.float32, args.device)
     eos = tok.eos_token_id
     same = total = 0
     for doc in docs[: args.fp32_paragraphs]:
@@ -50,19 +65,20 @@ def main() -> None:
     print(report, flush=True)
     model = model.to(torch.bfloat16)
     same = total = 0
-    first_diff = []
-    for doc in docs[: args.bf16_paragraphs]:
-        prompts = render_prompts(tok, doc.text, [q.question for q in doc.items])
+    diffs = []
+    docs = docs[: args.bf16_paragraphs]
+    for start in range(0, len(docs), args.docs_per_call):
+        prompts = [p for doc in docs[start : start + args.docs_per_call]
+                   for p in render_prompts(tok, doc.text, [q.question for q in doc.items])]  # fmt: skip
         fast = generate_tokens(model, prompts, max_new_tokens=args.new, eos_token_id=eos, attn="triton")
         ref = generate_tokens(model, prompts, max_new_tokens=args.new, eos_token_id=eos, attn="reference")
         same += sum(a == b for a, b in zip(fast, ref))
         total += len(prompts)
-        first_diff += [next(i for i, (x, y) in enumerate(zip(a + [-1], b + [-2])) if x != y)
-                       for a, b in zip(fast, ref) if a != b]  # fmt: skip
-    report["bf16_triton_vs_reference"] = dict(identical=same, streams=total, first_differing_token=first_diff)
-    print(report, flush=True)
+        diffs += [explain(model, p, a, b) for p, a, b in zip(prompts, fast, ref) if a != b]
+    report["bf16_triton_vs_reference"] = dict(identical=same, streams=total, differences=diffs)
+    print({k: v for k, v in report["bf16_triton_vs_reference"].items() if k != "differences"}, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "smollm2-h200.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"smollm2-{args.device}.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

