@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
 # eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART   (1, 2 or 3); logs and JSON under $OUT.
-#   1  GPU tests, kernel check (no sweep), 7B-shaped scoring, CodeLlama grid (PP paths)
-#   2  SmolLM2: bf16 Triton vs reference agreement; full SQuAD v1.1 dev quality run
-#   3  SmolLM2: full DROP dev quality run; stock Transformers baselines of the CodeLlama grid
+#   1  GPU tests, 7B-shaped scoring, CodeLlama grid (PP; stock, stock tuned at 8k x 64q), kernel check (no sweep)
+#   2  SmolLM2: bf16 Triton vs reference agreement; full SQuAD v1.1 dev and DROP dev quality runs
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -23,39 +22,31 @@ case "$1" in
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
   log tests
-  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py tests/test_triton_kernel.py \
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py tests/test_triton_kernel.py \
       2>&1 | tail -15 > $OUT/pytest.log; tail -2 $OUT/pytest.log
-  log kernel check
-  timeout 100 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --out $OUT/kernel 2>&1 | tail -30 > $OUT/kernel.log
   log scoring
-  timeout 150 python3 eval/scoring_bench.py --device cuda --dtype bfloat16 --model-shape 7b --attn triton reference \
+  timeout 140 python3 eval/scoring_bench.py --device cuda --dtype bfloat16 --model-shape 7b --attn triton reference \
       --out $OUT/scoring 2>&1 | grep -v Warning | tail -12
   log bench
-  python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
-      --methods "pp_triton,pp_p1@8k x 64q|16k x 64q,pp_reference@8k x 64q" --deadline-s 120 \
+  timeout 230 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,pp_p1@8k x 64q,stock_full@8k x 64q,stock_tuned@8k x 64q" --deadline-s 150 \
       2>&1 | grep -v Warning | tail -14
+  log kernel check
+  timeout 60 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --budget 55 --out $OUT/kernel 2>&1 | tail -30 > $OUT/kernel.log
   log done
   ;;
 2)
   smollm2_site
   log agreement
-  timeout 120 python3 eval/gpu_smollm2.py --data .carry/squad-dev-v1.1.json.zip --out $OUT/gpu 2>&1 | tail -3
+  timeout 90 python3 eval/gpu_smollm2.py --data .carry/squad-dev-v1.1.json.zip --out $OUT/gpu 2>&1 | tail -3
   log squad
-  timeout 400 python3 eval/quality.py --dataset squad --data .carry/squad-dev-v1.1.json.zip --dtype bfloat16 \
-      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 64 --batch-rows 64 \
+  timeout 260 python3 eval/quality.py --dataset squad --data .carry/squad-dev-v1.1.json.zip --dtype bfloat16 \
+      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 64 --batch-rows 256 \
       --out $OUT/quality/squad-h200-bf16-full.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -8
-  log done
-  ;;
-3)
-  smollm2_site
   log drop
-  timeout 300 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 \
-      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 32 --batch-rows 64 \
+  timeout 220 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 \
+      --device cuda --attn triton --standard-batch-size 256 --docs-per-call 32 --batch-rows 128 \
       --out $OUT/quality/drop-h200-bf16-full.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -8
-  log stock
-  python3 eval/bench.py --model codellama-7b --workloads grid,answers --tokenizer $TOK --out $OUT/bench --tag=-stock \
-      --methods "${STOCK_METHODS:-pp_triton@8k x 64q|8k x 128q x 1024a,stock,stock_tuned@8k x 64q}" \
-      --deadline-s ${STOCK_DEADLINE:-200} 2>&1 | grep -v Warning | tail -16
   log done
   ;;
 esac

@@ -1,0 +1,47 @@
+"""eval/bench.py's tuned stock baseline: a static cache gives the stock path's tokens, and a run reports its figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+
+from .conftest import VOCAB, tiny_model
+
+_SPEC = importlib.util.spec_from_file_location("eval_bench", Path(__file__).parents[1] / "eval" / "bench.py")
+bench = sys.modules["eval_bench"] = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bench)
+
+DOC = [(7 * i + 3) % (VOCAB - 3) + 3 for i in range(40)]
+QUESTIONS = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31], [41, 42, 43, 44, 45]]  # of different lengths
+NEW = 6
+
+
+def test_static_cache_tokens_equal_stock():
+    """Same prompts, greedy: the StaticCache path (reused cache, wider pads, dummy rows) gives `_generate_chunk`'s
+    tokens; the dummy rows are dropped."""
+    model = tiny_model("llama")
+    prompts = [DOC + q for q in QUESTIONS]
+    doc_cache = bench._prefill(model, DOC, model.device)
+    stock = bench._generate_chunk(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
+    static = bench._generate_chunk_static(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
+    assert torch.equal(static, stock)
+    width = max(map(len, QUESTIONS)) + 2
+    cache = bench.transformers.StaticCache(config=model.config, max_cache_len=len(DOC) + width + NEW + 3)
+    for chunk in (prompts, prompts[1:3]):  # the second call reuses the cache: reset, doc rewritten, last row repeated
+        out = bench._generate_chunk_static(model, doc_cache, chunk, len(DOC), NEW, cache, len(prompts), width)
+        assert out.shape[0] == len(chunk)
+        assert torch.equal(out[:, -NEW:], bench._generate_chunk(model, doc_cache, chunk, len(DOC), NEW)[:, -NEW:])
+
+
+def test_run_stock_tuned_reports():
+    model = tiny_model("llama")
+    work = bench.Workload("tiny", doc_tokens=len(DOC), questions=5, answer_tokens=4)
+    prompts = [DOC + QUESTIONS[i % len(QUESTIONS)] for i in range(work.questions)]
+    res = bench.run_stock_tuned(model, prompts, work, rows=4)
+    assert res["compiled"] is False  # CPU: generate does not compile by itself
+    # 5 questions in chunks of at most 4 rows: two balanced chunks of 3, one dummy row
+    assert (res["chunks"], res["chunk_rows"], res["dummy_rows"], res["graphs_compiled_in_timing"]) == (2, 3, 1, 0)
+    assert res["total_s"] >= res["prefill_s"] > 0 and res["warmup_s"] > 0 and not res["extrapolated"]
