@@ -22,7 +22,6 @@ Results: results.json and summary.md under --out.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import math
@@ -155,10 +154,6 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
         err = (fns[0]().float() - want.float()).abs().max().item()
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
                         config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
-    tiles, cfg, _ = triton_run(layout, plan, q, kv[:1])
-    _, _, fns = triton_run(layout, plan, q, kv, config=dataclasses.replace(cfg, skip_full_masks=False))
-    rows.append(row("triton_always_masked", measure(fns), step_bytes, ceiling, tiles=tiles.num_tiles,
-                    block_m=tiles.block_m, config=cfg.__dict__))  # fmt: skip
     if streams == 64 and shape == "codellama-7b":
         il_layout, il_plan, il_q, il_kv, _ = decode_case(shape, streams, interleaved=True)
         _, cfg, fns = triton_run(il_layout, il_plan, il_q, il_kv)

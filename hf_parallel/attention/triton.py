@@ -63,7 +63,6 @@ class KernelConfig:
     num_splits: int  # KV splits per row tile (flash-decoding); 1 = write the output directly
     num_warps: int = 4
     num_stages: int = 2
-    skip_full_masks: bool = True  # blocks every row sees whole skip building the mask (False: always mask)
 
 
 def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> KernelConfig:
@@ -107,7 +106,7 @@ def stream_attention(
         HEAD_DIM=dim, BLOCK_D=block_d, USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
         RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))), SPLIT=splits > 1,
         PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
-        DOT_F32=interpreted and query.dtype == torch.bfloat16, SKIP_FULL_MASKS=cfg.skip_full_masks,
+        DOT_F32=interpreted and query.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -48,16 +48,13 @@ def _load_ranges(first, last, ranges_ptr, q_slot_ptr, tile_stop, BLOCK_N: tl.con
 
 @triton.jit
 def _attend_block(
-    acc, m_i, l_i, q, start, stop, limit, by_ids, full, K, V, stride_kn, stride_vn,
+    acc, m_i, l_i, q, start, stop, limit, by_ids, K, V, stride_kn, stride_vn,
     slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
     scale, softcap, window, offs_d, d_ok,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row.
-
-    full: every row sees every key of the block (no mask to build or apply).
-    """
+    """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row."""
     # -- load one KV tile --
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < stop
@@ -65,23 +62,22 @@ def _attend_block(
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     if DOT_F32:  # triton-lang/triton#11584: the interpreter's tl.dot multiplies bf16 bit patterns
         k, v = k.to(tl.float32), v.to(tl.float32)
+    # -- visibility: a prefix of the range per row (from the plan), causal by slot, sliding window --
+    visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] <= q_slot[:, None]) & n_ok[None, :]
+    if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
+        k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
+        k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
+        visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+    if USE_WINDOW:
+        k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
+        visible &= (q_pos[:, None] - k_pos[None, :]) < window
     # -- scores in log2 units --
     qk = tl.dot(q, k, input_precision=PRECISION)
     if USE_SOFTCAP:
         qk = _tanh(qk * (scale / softcap)) * (softcap * LOG2E)
     else:
         qk = qk * (scale * LOG2E)
-    if not full:
-        # -- visibility: a prefix of the range per row (from the plan), causal by slot, sliding window --
-        visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] <= q_slot[:, None]) & n_ok[None, :]
-        if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
-            k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
-            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
-            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
-        if USE_WINDOW:
-            k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
-            visible &= (q_pos[:, None] - k_pos[None, :]) < window
-        qk = tl.where(visible, qk, float("-inf"))
+    qk = tl.where(visible, qk, float("-inf"))
     # -- online softmax update (a row that has seen nothing yet keeps m_i = -inf) --
     m_ij = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
@@ -102,7 +98,6 @@ def stream_attention_fwd(
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    SKIP_FULL_MASKS: tl.constexpr,
 ):  # fmt: skip
     """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D]."""
     tile = tl.program_id(0)
@@ -124,7 +119,6 @@ def stream_attention_fwd(
     if DOT_F32:
         q = q.to(tl.float32)
     tile_stop = tl.minimum(tl.max(q_slot, 0) + 1, kv_len)
-    first_query_stop = tl.min(tl.where(row_ok, q_slot, kv_len), 0) + 1  # every row sees keys below it, causally
     K += kv_head.to(tl.int64) * stride_kh  # int64: a long cache's H_kv * S * D can pass 2**31
     V += kv_head.to(tl.int64) * stride_vh
     # -- online softmax over the tile's ranges, RANGES at a time; split s takes every num_splits-th KV block --
@@ -147,12 +141,8 @@ def stream_attention_fwd(
             stop = tl.sum(tl.where(r_idx == r, r_stop, 0), 0)
             by_ids = tl.sum(tl.where(r_idx == r, r_by_ids, 0), 0)
             limit = tl.load(limits_ptr + (chunk + r) * QUERIES + member, mask=row_ok, other=0)
-            end = start + BLOCK_N
-            full = (by_ids == 0) & (end <= stop) & (end <= first_query_stop)
-            full &= end <= tl.min(tl.where(row_ok, limit, kv_len), 0)
-            full &= SKIP_FULL_MASKS and not USE_WINDOW
             acc, m_i, l_i = _attend_block(
-                acc, m_i, l_i, q, start, stop, limit, by_ids != 0, full, K, V, stride_kn, stride_vn,
+                acc, m_i, l_i, q, start, stop, limit, by_ids != 0, K, V, stride_kn, stride_vn,
                 slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
                 scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32,
             )  # fmt: skip
