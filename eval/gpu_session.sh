@@ -3,6 +3,9 @@
 # eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART   (1, 2 or 3); logs and JSON under $OUT.
 #   1  GPU tests, 7B-shaped scoring, CodeLlama grid (PP; stock, stock tuned at 8k x 64q), kernel check (no sweep)
 #   2  SmolLM2: bf16 Triton vs reference agreement; full SQuAD v1.1 dev and DROP dev quality runs
+#   3  SmolLM2: batch prompting alone on the full SQuAD and DROP dev (merge it afterwards, here, with the
+#      committed standard + parallel runs: python eval/quality.py merge results/quality/squad-h200-bf16-full.json.gz
+#      OUT/quality/squad-batch.json --out results/quality/squad-h200-bf16-full-3methods.json)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -47,6 +50,16 @@ case "$1" in
   timeout 220 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 \
       --device cuda --attn triton --standard-batch-size 256 --docs-per-call 32 --batch-rows 128 \
       --out $OUT/quality/drop-h200-bf16-full.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -8
+  log done
+  ;;
+3)
+  smollm2_site
+  for d in squad drop; do
+    data=$([ $d = squad ] && echo .carry/squad-dev-v1.1.json.zip || echo .carry/drop-dev.jsonl.gz)
+    log $d batch
+    timeout 280 python3 eval/quality.py --dataset $d --data $data --dtype bfloat16 --device cuda --methods batch \
+        --batch-rows 256 --out $OUT/quality/$d-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
+  done
   log done
   ;;
 esac

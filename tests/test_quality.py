@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import fields
 
@@ -17,10 +18,13 @@ from hf_parallel.evaluation.quality import (
     QualityConfig,
     StopAtString,
     add_arguments,
+    main,
+    merge_reports,
     paired_bootstrap,
     parse_config,
     postprocess,
     question_prompts,
+    read_report,
     run,
 )
 
@@ -242,6 +246,33 @@ def test_batch_prompting_rows_batched_give_the_same_outputs(tmp_path):
     batched = run(QualityConfig(**{**config.__dict__, "batch_rows": 2}), model, tokenizer)
     assert batched["batch_outputs"] == alone["batch_outputs"]
     assert [len(t) for t in alone["batch_outputs"]] != [0, 0, 0]
+
+
+def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
+    model, tokenizer = _tiny("llama"), char_tokenizer()
+    config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, docs_per_call=2, resamples=200)
+    whole = run(config, model, tokenizer)
+    parts = [run(QualityConfig(**{**config.__dict__, "methods": methods}), model, tokenizer)
+             for methods in (("batch",), ("standard", "parallel"))]  # fmt: skip
+    path = tmp_path / "part.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(parts[0], f)
+    merged = merge_reports([read_report(path), parts[1]])
+    assert list(merged["summary"]) == ["standard", "parallel", "batch"]
+    for m, row in whole["summary"].items():
+        got = merged["summary"][m]
+        timing = ("wall_s", "speedup")
+        assert {k: v for k, v in got.items() if k not in timing} == {k: v for k, v in row.items() if k not in timing}
+        assert got["wall_s"] == next(p["summary"][m]["wall_s"] for p in parts if m in p["summary"])
+    assert [q["predictions"] for q in merged["questions"]] == [q["predictions"] for q in whole["questions"]]
+    assert merged["batch_outputs"] == whole["batch_outputs"]
+    with pytest.raises(ValueError, match="more than one report"):
+        merge_reports([whole, parts[0]])
+    other = run(QualityConfig(**{**config.__dict__, "methods": ("batch",), "limit": 3}), model, tokenizer)
+    with pytest.raises(ValueError, match="different questions"):
+        merge_reports([parts[1], other])
+    main(["merge", str(path), "--out", str(tmp_path / "merged.json")])  # the command line
+    assert "| batch |" in (tmp_path / "merged.md").read_text()
 
 
 @pytest.mark.slow

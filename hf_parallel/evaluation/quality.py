@@ -14,9 +14,11 @@ metrics; each method's F1 minus standard's gets a paired bootstrap 95% CI over q
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -387,6 +389,67 @@ def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
     return report
 
 
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from runs of different methods over the same questions (say, batch prompting run
+    in a later session): per-question outputs united, the summary and paired CIs recomputed.
+
+    The runs must share dataset, questions (same ids in the same order), model, dtype and
+    max_new_tokens; each method must come from one run only.
+    """
+    base = reports[0]
+    ids = [r["id"] for r in base["questions"]]
+    same = ("dtype", "max_new_tokens")
+    for other in reports[1:]:
+        if other["dataset"] != base["dataset"] or [r["id"] for r in other["questions"]] != ids:
+            raise ValueError("the reports cover different questions; merge runs over the same ones")
+        if other["model"] != base["model"] or any(other["config"][k] != base["config"][k] for k in same):
+            raise ValueError(f"the reports differ in model or in {same}; their methods are not comparable")
+    seen = [m for r in reports for m in r["summary"]]
+    if len(seen) != len(set(seen)):
+        raise ValueError(f"a method appears in more than one report: {seen}")
+    methods = tuple(m for m in METHODS if m in seen)
+    wall = {m: r["summary"][m]["wall_s"] for r in reports for m in r["summary"]}
+    records = [dict(q, raw={}, predictions={}, scores={}) for q in base["questions"]]
+    for report in reports:
+        for record, q in zip(records, report["questions"]):
+            for key in ("raw", "predictions", "scores"):
+                record[key].update(q[key])
+    config = {**base["config"], "methods": methods}
+    for report in reports:  # each method's own batching, as it ran
+        for m in report["summary"]:
+            config[_BATCHING[m]] = report["config"].get(_BATCHING[m], 1)
+    config = QualityConfig(**config)
+    return {**base, "config": asdict(config), "summary": summarize(base["dataset"], records, methods, wall, config),
+            "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
+            "questions": records, "merged_from": [{"config": r["config"], "environment": r.get("environment")}
+                                                  for r in reports]}  # fmt: skip
+
+
+_BATCHING = {"standard": "standard_batch_size", "parallel": "docs_per_call", "batch": "batch_rows"}
+
+
+def read_report(path: str | Path) -> dict:
+    """A report JSON written by `run` (gzipped when the name ends in .gz)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def merge_main(argv: list[str] | None = None) -> None:
+    """`python eval/quality.py merge A.json B.json --out C.json`: see `merge_reports`."""
+    parser = argparse.ArgumentParser(prog="quality.py merge", description=merge_reports.__doc__)
+    parser.add_argument("reports", nargs="+", help="report JSONs (.json or .json.gz)")
+    parser.add_argument("--out", required=True, help="merged JSON path; the table goes beside it as .md")
+    args = parser.parse_args(argv)
+    report = merge_reports([read_report(p) for p in args.reports])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    out.with_suffix(".md").write_text(table(report) + "\n")
+    print(table(report))
+
+
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> QualityConfig:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
@@ -395,4 +458,7 @@ def parse_config(argv: list[str] | None = None, prog: str | None = None) -> Qual
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        return merge_main(argv[1:])
     run(parse_config(argv, prog))
