@@ -6,6 +6,8 @@
 #   3  SmolLM2: batch prompting alone on the full SQuAD and DROP dev (merge it afterwards, here, with the
 #      committed standard + parallel runs: python eval/quality.py merge results/quality/squad-h200-bf16-full.json.gz
 #      OUT/quality/squad-batch.json --out results/quality/squad-h200-bf16-full-3methods.json)
+#   4  CodeLlama grid side by side: PP Triton, stock (one full chunk per row count), stock tuned at 64 questions
+#   5  answer length 128 -> 1024 (PP, stock per chunk) and the Qwen2.5 grid (PP, stock per chunk)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/out}
@@ -60,6 +62,21 @@ case "$1" in
     timeout 280 python3 eval/quality.py --dataset $d --data $data --dtype bfloat16 --device cuda --methods batch \
         --batch-rows 256 --out $OUT/quality/$d-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
   done
+  log done
+  ;;
+4)
+  log grid
+  python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,stock,stock_tuned@8k x 64q|16k x 64q" --deadline-s 480 2>&1 | grep -v Warning | tail -16
+  log done
+  ;;
+5)
+  log answers
+  python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench --tag=-answers \
+      --methods "pp_triton,stock@8k x 128q x 128a|8k x 128q x 1024a" --deadline-s 300 2>&1 | grep -v Warning | tail -8
+  log qwen
+  python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,stock" --deadline-s 200 2>&1 | grep -v Warning | tail -10
   log done
   ;;
 esac

@@ -45,3 +45,21 @@ def test_run_stock_tuned_reports():
     # 5 questions in chunks of at most 4 rows: two balanced chunks of 3, one dummy row
     assert (res["chunks"], res["chunk_rows"], res["dummy_rows"], res["graphs_compiled_in_timing"]) == (2, 3, 1, 0)
     assert res["total_s"] >= res["prefill_s"] > 0 and res["warmup_s"] > 0 and not res["extrapolated"]
+
+
+def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
+    """5 questions in chunks of 2: row counts 2 (twice) and 1 (once); one chunk of each count is run, in full."""
+    model = tiny_model("llama")
+    work = bench.Workload("tiny", doc_tokens=len(DOC), questions=5, answer_tokens=3)
+    prompts = [DOC + QUESTIONS[i % len(QUESTIONS)] for i in range(work.questions)]
+    calls = []
+    real = bench._generate_chunk
+    monkeypatch.setattr(bench, "_generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n))
+    res = bench.run_stock(model, prompts, work, rows=2, mode="per_chunk")
+    assert calls[2:] == [(2, 3), (1, 3)]  # after the two warm-ups: every answer token, one chunk per row count
+    assert res["chunk_counts"] == {2: 2, 1: 1} and not res["extrapolated"]
+    expected = res["prefill_s"] + 2 * res["measured_chunk_s"][2] + res["measured_chunk_s"][1]
+    assert abs(res["total_s"] - expected) < 1e-9
+    calls.clear()
+    bench.run_stock(model, prompts, work, rows=2, mode="full")
+    assert calls[2:] == [(2, 3), (2, 3), (1, 3)]
