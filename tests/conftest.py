@@ -39,7 +39,10 @@ ARCHITECTURES = {
 def tiny_model(arch: str, dtype=torch.float32):
     torch.manual_seed(0)
     config = ARCHITECTURES[arch]()
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    # Attention logit soft-capping (Gemma 2): the plain forward we compare against must apply it; transformers
+    # 5.17's SDPA path silently drops it (5.24 refuses), so such models run eager attention there.
+    eager = {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **eager).eval()
 
 
 @pytest.fixture(scope="session", params=sorted(ARCHITECTURES))
