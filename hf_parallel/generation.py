@@ -93,8 +93,9 @@ class _Runner:
         slots, tokens, _ = self.layout.prompt_slots()
         last = self.layout.last_prompt_slots()
         logits = torch.empty(len(last), self.model.config.get_text_config().vocab_size, device=self.device)
-        for start in range(0, len(slots), self.opts.prefill_chunk):
-            chunk = slots[start : start + self.opts.prefill_chunk]
+        size = self.opts.prefill_chunk_for(self.attn)
+        for start in range(0, len(slots), size):
+            chunk = slots[start : start + size]
             rows, prompts, inverse = _last_rows(chunk, last)
             ids = tokens[start : start + len(chunk)]
             out = self.forward(self.plan(chunk.to(self.device)), ids.to(self.device), rows.to(self.device))

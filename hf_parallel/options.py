@@ -21,6 +21,9 @@ UNSUPPORTED = {
 }  # fmt: skip
 
 
+PREFILL_CHUNK = {"reference": 2048, "triton": 8192}  # default prompt tokens per prefill forward, per path
+
+
 @dataclass
 class GenerationOptions:
     """What `generate_tokens` honours.  Unset fields default to the model's `generation_config`.
@@ -28,7 +31,9 @@ class GenerationOptions:
     attn:             attention path: "reference" (dense stream mask + SDPA, the specification),
                       "triton" (in-kernel stream mask, CUDA), or "auto" (triton on CUDA, else reference).
     layout:           "stream" (stream-major regions, default) or "interleaved" (the paper's ablation).
-    prefill_chunk:    most prompt tokens per prefill forward (bounds the dense mask's memory).
+    prefill_chunk:    most prompt tokens per prefill forward; None = the attention path's own
+                      (PREFILL_CHUNK: the dense mask's memory bounds the reference's; the Triton
+                      path builds no mask, and fewer forwards cost less host time).
     cuda_graphs:      capture the decode step once per shape bucket and replay it (CUDA only).
     streams_per_tile: streams packed into one row tile of the Triton kernel (None = as many as fit;
                       1 = every stream reads the document on its own, as a prefix-caching server does).
@@ -44,7 +49,7 @@ class GenerationOptions:
     seed: int | None = None
     attn: str = "auto"
     layout: str = "stream"
-    prefill_chunk: int = 2048
+    prefill_chunk: int | None = None
     cuda_graphs: bool = True
     streams_per_tile: int | None = None
 
@@ -65,7 +70,7 @@ class GenerationOptions:
             raise ValueError(f"unknown attention path {self.attn!r}; choose one of {sorted(IMPLEMENTATIONS)}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.prefill_chunk < 1:
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
     @classmethod
@@ -85,6 +90,10 @@ class GenerationOptions:
         merged.update({k: v for k, v in user.items() if k in own and v is not None})
         merged["eos_token_id"] = _as_tuple(merged.get("eos_token_id"))
         return cls(**merged)
+
+    def prefill_chunk_for(self, attn: str) -> int:
+        """Prompt tokens per prefill forward on the attention path `attn`."""
+        return self.prefill_chunk or PREFILL_CHUNK[attn]
 
     def attention_for(self, device: torch.device) -> str:
         """The attention path to run on `device` ("auto": triton on CUDA when registered, else reference)."""

@@ -73,7 +73,7 @@ def score_tree(model, prompts, continuations, attn="auto", max_tokens_per_forwar
     rows, targets, sizes = _targets(layout, continuations, seq_of)
     runner = _Runner(model, layout, opts)
     with torch.inference_mode(), use_attention(model, runner.attn):
-        logprobs = _run(runner, rows, targets, opts.prefill_chunk).cpu()
+        logprobs = _run(runner, rows, targets, opts.prefill_chunk_for(runner.attn)).cpu()
     flat = iter(logprobs.split(sizes))
     return TreeScores([[next(flat) for _ in cands] for cands in continuations], layout.num_slots)
 
