@@ -389,6 +389,9 @@ def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
     return report
 
 
+_BATCHING = {"standard": "standard_batch_size", "parallel": "docs_per_call", "batch": "batch_rows"}
+
+
 def merge_reports(reports: list[dict]) -> dict:
     """One report from runs of different methods over the same questions (say, batch prompting run
     in a later session): per-question outputs united, the summary and paired CIs recomputed.
@@ -423,9 +426,6 @@ def merge_reports(reports: list[dict]) -> dict:
             "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
             "questions": records, "merged_from": [{"config": r["config"], "environment": r.get("environment")}
                                                   for r in reports]}  # fmt: skip
-
-
-_BATCHING = {"standard": "standard_batch_size", "parallel": "docs_per_call", "batch": "batch_rows"}
 
 
 def read_report(path: str | Path) -> dict:
