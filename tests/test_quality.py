@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,6 +280,8 @@ def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
 def test_smollm2_squad_end_to_end(smollm2, tmp_path):
     model, tokenizer = smollm2
     config = QualityConfig(limit=6, max_new_tokens=16, out=str(tmp_path / "squad.json"), resamples=200)
+    if not Path(config.data).exists():
+        pytest.skip(f"offline copy {config.data} is absent (only this project's machines have ../shared/data)")
     report = run(config, model, tokenizer)
     _check_report(report, 6)
     assert report["summary"]["standard"]["f1"] > 0  # real answers get scored (SmolLM2-135M overlaps a little)
