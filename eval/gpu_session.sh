@@ -9,7 +9,7 @@
 #      parallel run: python eval/quality.py merge results/quality/squad-h200-bf16-full.json.gz
 #      OUT/quality/squad-batch.json --out results/quality/squad-h200-bf16-full-3methods.json
 #      (session 3 ran standard + parallel on both full sets; batch prompting did not fit its device time)
-#   4  CodeLlama grid side by side: PP Triton, stock (one full chunk per row count), stock tuned at 64 questions
+#   4  CodeLlama grid side by side: PP Triton (and compiled), stock (one full chunk per row count), stock tuned
 #   5  answer length 128 -> 1024 (PP, stock per chunk) and the Qwen2.5 grid (PP, stock per chunk)
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -63,7 +63,8 @@ case "$1" in
 4)
   log grid
   python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
-      --methods "pp_triton,stock,stock_tuned@8k x 64q|16k x 64q" --deadline-s 480 2>&1 | grep -v Warning | tail -16
+      --methods "pp_triton,pp_triton_compiled@8k x 64q|8k x 256q,stock,stock_tuned@8k x 64q|16k x 64q" --deadline-s 480 \
+      2>&1 | grep -v Warning | tail -16
   log done
   ;;
 5)

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from transformers import PreTrainedModel
@@ -63,6 +64,7 @@ class _Runner:
             self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
             self.capacity = layout.num_slots
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.compile_failed = False
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
         """The plan of a forward over the tokens written at `q_slot` [N]."""
@@ -75,18 +77,29 @@ class _Runner:
         factory = GRAPH_STATES.get(self.attn)
         return factory(self, bucket) if factory is not None else None
 
-    def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`."""
+    def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor, step: bool = False) -> torch.Tensor:
+        """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`.
+
+        step: a decode step, run compiled when `compile` is on (prefill chunks run as they are);
+        if compilation fails, this and later steps run as they are, with a warning.
+        """
         self.cache.plan = plan
-        out = self.model(
-            input_ids=tokens[None],
-            position_ids=plan.q_pos.long()[None],
-            use_cache=True,
-            logits_to_keep=keep,
-            pp_plan=plan,
-            **{self.cache_arg: self.cache},
-        )
-        return out.logits[0].float()
+        kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
+                      logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
+        if step and self.opts.compile and not self.compile_failed:
+            if self.attn == "triton":
+                from .attention.triton import plan_tiles
+
+                plan_tiles(plan, self.model.config)  # on the host, before the compiled forward (kept if set)
+            try:
+                return compiled_call(self.model)(**kwargs).logits[0].float()
+            except Exception as err:  # noqa: BLE001 - a real input error recurs below, uncompiled
+                if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise
+                warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: {err}); "
+                              "running it uncompiled")  # fmt: skip
+                self.compile_failed = True
+        return self.model(**kwargs).logits[0].float()
 
     def prefill(self) -> torch.Tensor:
         """Run every prompt token once; logits [P, V] at each prompt's last token."""
@@ -144,8 +157,12 @@ class _Runner:
         return lambda q_slot, tokens, changed: self.eager_step(q_slot, tokens)
 
     def eager_step(self, q_slot: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode forward without a graph: logits [n, V] of the n new tokens."""
-        return self.forward(self.plan(q_slot), tokens, torch.arange(len(tokens), device=self.device))
+        """One decode forward without a graph: logits [n, V] of the n new tokens.
+
+        Compiled, the plan spans the whole row (a fixed kv_len, so steps do not recompile).
+        """
+        plan = self.plan(q_slot, self.capacity if self.opts.compile else None)
+        return self.forward(plan, tokens, torch.arange(len(tokens), device=self.device), step=True)
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
@@ -154,6 +171,14 @@ def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
     prompts = torch.nonzero(chunk[idx] == last).flatten()
     rows, inverse = torch.unique(idx[prompts], return_inverse=True)  # duplicate prompts share a row
     return rows, prompts, inverse
+
+
+def compiled_call(model: PreTrainedModel):
+    """`torch.compile` of the model's call, made once per model and kept on it (its compiled graphs too)."""
+    call = getattr(model, "_hf_parallel_compiled", None)
+    if call is None:
+        call = model._hf_parallel_compiled = torch.compile(model.__call__, dynamic=False)
+    return call
 
 
 def check_model(model: PreTrainedModel) -> None:

@@ -145,7 +145,7 @@ class DecodeGraphs:
             plan = runner.plan(slots, kv_len=runner.capacity)
             if attn_state is not None:
                 attn_state.install(plan)
-            return runner.forward(plan, static_tokens, keep)
+            return runner.forward(plan, static_tokens, keep, step=True)
 
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))

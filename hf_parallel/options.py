@@ -37,6 +37,9 @@ class GenerationOptions:
     cuda_graphs:      capture the decode step once per shape bucket and replay it (CUDA only).
     streams_per_tile: streams packed into one row tile of the Triton kernel (None = as many as fit;
                       1 = every stream reads the document on its own, as a prefix-caching server does).
+    compile:          run decode steps through `torch.compile` of the model (the attention kernel an
+                      opaque op), so the model's own small operations fuse; each new bucket of live
+                      streams compiles once per model (tens of seconds for a 7B model).  Off by default.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -52,6 +55,7 @@ class GenerationOptions:
     prefill_chunk: int | None = None
     cuda_graphs: bool = True
     streams_per_tile: int | None = None
+    compile: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -50,3 +50,14 @@ def test_row_is_reused_and_grows(cuda_model):
     assert cuda_model._hf_parallel_row is row  # same buffers: captured graphs replay
     generate_tokens(cuda_model, _prompts(8, 30), max_new_tokens=80, eos_token_id=[])  # > 2048 slots
     assert cuda_model._hf_parallel_row.capacity > row.capacity
+
+
+@pytest.mark.parametrize("attn", ATTNS)
+def test_compiled_graphs_match_generate(cuda_model, attn):
+    """compile=True: captured steps replay a compiled forward (the kernel an opaque op); same tokens."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = _prompts(7, 6)
+    free = [generate_alone(cuda_model, p, 8, None) for p in prompts]
+    eos = sorted({free[1][3]})
+    got = generate_tokens(cuda_model, prompts, max_new_tokens=8, eos_token_id=eos, attn=attn, compile=True)
+    assert got == [generate_alone(cuda_model, p, 8, eos) for p in prompts]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import AttentionPlan
+from ..plan import AttentionPlan, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .reference import check_attention_call
 from .tiles import TilePlan, build_tile_plan
@@ -37,9 +37,49 @@ def triton_attention(
 ) -> tuple[torch.Tensor, None]:
     """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
     check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
+    if torch.compiler.is_compiling():  # inside torch.compile: the kernel as an opaque op, its tiles planned before
+        if "triton_plan" not in pp_plan.cache:
+            raise RuntimeError("a compiled forward cannot plan its tiles (a host sync): put them in "
+                               "pp_plan.cache['triton_plan'] before calling the compiled model")  # fmt: skip
+        return _compiled_stream_attention(query, key, value, pp_plan, pp_plan.cache["triton_plan"], scaling,
+                                          sliding_window, softcap), None  # fmt: skip
     tiles = _forward_tiles(pp_plan, query.shape[1] // max(key.shape[1], 1), query.device)
     out = stream_attention(query, key, value, pp_plan, tiles, scaling, sliding_window, softcap)
     return out, None
+
+
+def plan_tiles(plan: AttentionPlan, model_config) -> TilePlan:
+    """The forward's tile plan, built now on the host (before a compiled forward, which cannot)."""
+    config = model_config.get_text_config()
+    group = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    return _forward_tiles(plan, group, plan.q_slot.device)
+
+
+@torch.library.custom_op("hf_parallel::stream_attention", mutates_args=())
+def _stream_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_slot: torch.Tensor, q_seg: torch.Tensor,
+    q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
+    tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
+    block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
+) -> torch.Tensor:  # fmt: skip
+    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
+    plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end))
+    tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
+    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None)
+
+
+@_stream_attention_op.register_fake
+def _(query, key, value, *args):
+    return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+
+
+def _compiled_stream_attention(query, key, value, plan: AttentionPlan, tiles: TilePlan, scaling, window, softcap):
+    ids = plan.ids
+    return _stream_attention_op(
+        query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
+        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
+        tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
+    )  # fmt: skip
 
 
 def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> TilePlan:

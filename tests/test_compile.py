@@ -1,0 +1,68 @@
+"""`compile=True`: decode steps through `torch.compile` of the model (the Triton kernel an opaque custom op) give
+plain `model.generate`'s tokens, and steps of one live-stream count reuse one compiled graph (no per-step
+recompilation: the compiled plan spans the whole row)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo.utils
+
+from hf_parallel import generate_tokens
+
+from .conftest import generate_alone, random_tokens, tiny_model
+
+ATTNS = ["reference", "triton"]
+
+
+def _compiled_graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch._dynamo.reset()
+    yield tiny_model("llama")
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("attn", ATTNS)
+def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, attn):
+    gen = torch.Generator().manual_seed(3)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(1 + (3 * i) % 5, gen) for i in range(5)]
+    free = [generate_alone(llama, p, 9, None) for p in prompts]
+    eos = sorted({free[0][2], free[3][5]})  # streams stop at different steps: the live count changes
+    before = _compiled_graphs()
+    got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, attn=attn, compile=True)
+    assert got == [generate_alone(llama, p, 9, eos) for p in prompts]
+    live_counts = len({sum(len(g) > step for g in got) for step in range(1, 9)} - {0})
+    assert 0 < _compiled_graphs() - before <= live_counts  # one graph per live count, not one per step
+    before = _compiled_graphs()
+    assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, attn=attn, compile=True) == got
+    assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
+
+
+@pytest.mark.slow
+def test_compiled_gemma2_softcap_and_window_match_generate():
+    model = tiny_model("gemma2")
+    gen = torch.Generator().manual_seed(4)
+    doc = random_tokens(40, gen)
+    prompts = [doc + random_tokens(2 + i, gen) for i in range(3)]
+    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile=True)
+    assert got == [generate_alone(model, p, 6, None) for p in prompts]
+
+
+def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
+    def broken(model):
+        def call(**kwargs):
+            raise RuntimeError("backend unavailable")
+
+        return call
+
+    monkeypatch.setattr("hf_parallel.generation.compiled_call", broken)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [random_tokens(12, gen) for _ in range(3)]
+    with pytest.warns(UserWarning, match="torch.compile of the decode step failed"):
+        got = generate_tokens(llama, prompts, max_new_tokens=5, eos_token_id=[], compile=True)
+    assert got == [generate_alone(llama, p, 5, None) for p in prompts]
