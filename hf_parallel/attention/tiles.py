@@ -199,6 +199,12 @@ def _pack(tiles: list[list[int]], ranges: list[tuple], block_m: int, group: int)
                     max(int(counts.max()), 1))  # fmt: skip
 
 
+def query_group(model_config) -> int:
+    """Query heads per KV head of a model (1 without grouped-query attention)."""
+    config = model_config.get_text_config()
+    return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+
 class GraphTiles:
     """The static tile plan of one captured decode step (see `hf_parallel.graphs`).
 
@@ -207,9 +213,7 @@ class GraphTiles:
     """
 
     def __init__(self, runner, bucket: int):
-        config = runner.model.config.get_text_config()
-        self.group = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or
-                                                    config.num_attention_heads)  # fmt: skip
+        self.group = query_group(runner.model.config)
         self.streams_per_tile = runner.opts.streams_per_tile
         self.tiles = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=self.streams_per_tile,
                                        device=runner.device)  # fmt: skip

@@ -15,7 +15,7 @@ import triton
 from ..plan import AttentionPlan, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .reference import check_attention_call
-from .tiles import TilePlan, build_tile_plan
+from .tiles import TilePlan, build_tile_plan, query_group
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -50,9 +50,7 @@ def triton_attention(
 
 def plan_tiles(plan: AttentionPlan, model_config) -> TilePlan:
     """The forward's tile plan, built now on the host (before a compiled forward, which cannot)."""
-    config = model_config.get_text_config()
-    group = config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-    return _forward_tiles(plan, group, plan.q_slot.device)
+    return _forward_tiles(plan, query_group(model_config), plan.q_slot.device)
 
 
 @torch.library.custom_op("hf_parallel::stream_attention", mutates_args=())
