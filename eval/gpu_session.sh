@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
-# eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART   (1, 2 or 3); logs and JSON under $OUT.
+# eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART; logs and JSON under $OUT.
+# Session 4 ran A (carrying .carry .carry-a), B (.carry .carry-b), C (.carry); parts 1-5 are session 3's plan.
+#   A  CodeLlama grid side by side: PP Triton, stock (one full chunk per row count), PP Triton compiled
+#   B  SmolLM2: batch prompting alone on the full SQuAD and DROP dev sets; bf16 Triton vs reference agreement
+#   C  GPU generation tests (graphs, compiled steps); answer length 128 -> 1024; the Qwen2.5 grid
 #   1  GPU tests, 7B-shaped scoring, CodeLlama grid (PP; stock, stock tuned at 8k x 64q), kernel check (no sweep)
 #      (session 3: the tests needed more than 100 s, the agreement run more than 90 s, and part 2's
 #      batch prompting more than its share: parts 2 and 3 now split the quality runs)
@@ -27,6 +31,42 @@ smollm2_site() {  # the GGUF from its two parts, and the gguf wheel, under $KEEP
 }
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv | tee $OUT/gpu.txt
 case "$1" in
+A)
+  mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
+  log grid
+  timeout 560 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,stock,pp_triton_compiled@8k x 64q|8k x 256q|16k x 64q" --deadline-s 470 \
+      2>&1 | grep -v Warning | tail -16
+  log done
+  ;;
+B)
+  smollm2_site
+  for d in "squad squad-dev-v1.1.json.zip 190" "drop drop-dev.jsonl.gz 250"; do
+    set -- $d
+    log $1 batch
+    timeout $3 python3 eval/quality.py --dataset $1 --data .carry/$2 --dtype bfloat16 --device cuda --methods batch \
+        --batch-rows 256 --out $OUT/quality/$1-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
+  done
+  log agreement
+  timeout 110 python3 eval/gpu_smollm2.py --data .carry/squad-dev-v1.1.json.zip --fp32-paragraphs 0 --budget-s 75 --out $OUT/gpu \
+      2>&1 | tail -3
+  log done
+  ;;
+C)
+  log tests
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py 2>&1 | tail -15 > $OUT/pytest.log
+  tail -2 $OUT/pytest.log
+  log answers
+  A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
+  timeout ${ANSWERS_S:-200} python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-answers --methods "pp_triton@$A128|$A1024,stock@$A128|$A1024,pp_triton_compiled@$A1024" \
+      2>&1 | grep -v Warning | tail -8
+  log qwen
+  timeout ${QWEN_S:-200} python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
+      --tag=-grid --methods "pp_triton,stock,pp_triton_compiled@8k x 64q" --deadline-s ${QWEN_DEADLINE:-120} \
+      2>&1 | grep -v Warning | tail -10
+  log done
+  ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
   log tests
@@ -69,6 +109,7 @@ case "$1" in
   ;;
 5)
   log answers
+  A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
   python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench --tag=-answers \
       --methods "pp_triton,stock@8k x 128q x 128a|8k x 128q x 1024a" --deadline-s 300 2>&1 | grep -v Warning | tail -8
   log qwen

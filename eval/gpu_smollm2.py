@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -47,6 +48,8 @@ def main() -> None:
     parser.add_argument("--bf16-paragraphs", type=int, default=200)
     parser.add_argument("--docs-per-call", type=int, default=20)
     parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--budget-s", type=float, default=float("inf"),
+                        help="stop the bf16 comparison after this many seconds (the report says how many streams)")
     parser.add_argument("--device", default="cuda", help="cuda (cpu only for a quick check, TRITON_INTERPRET=1)")
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
     args = parser.parse_args()
@@ -67,7 +70,11 @@ def main() -> None:
     same = total = 0
     diffs = []
     docs = docs[: args.bf16_paragraphs]
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     for start in range(0, len(docs), args.docs_per_call):
+        if time.perf_counter() - started > args.budget_s:
+            break
         prompts = [p for doc in docs[start : start + args.docs_per_call]
                    for p in render_prompts(tok, doc.text, [q.question for q in doc.items])]  # fmt: skip
         fast = generate_tokens(model, prompts, max_new_tokens=args.new, eos_token_id=eos, attn="triton")
@@ -75,10 +82,10 @@ def main() -> None:
         same += sum(a == b for a, b in zip(fast, ref))
         total += len(prompts)
         diffs += [explain(model, p, a, b) for p, a, b in zip(prompts, fast, ref) if a != b]
-    report["bf16_triton_vs_reference"] = dict(identical=same, streams=total, differences=diffs)
-    print({k: v for k, v in report["bf16_triton_vs_reference"].items() if k != "differences"}, flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"smollm2-{args.device}.json").write_text(json.dumps(report, indent=1))
+        done = min(start + args.docs_per_call, len(docs))
+        report["bf16_triton_vs_reference"] = dict(identical=same, streams=total, paragraphs=done, differences=diffs)
+        (args.out / f"smollm2-{args.device}.json").write_text(json.dumps(report, indent=1))  # after each call
+    print({k: v for k, v in report.get("bf16_triton_vs_reference", {}).items() if k != "differences"}, flush=True)
 
 
 if __name__ == "__main__":
