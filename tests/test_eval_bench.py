@@ -56,10 +56,11 @@ def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
     real = bench._generate_chunk
     monkeypatch.setattr(bench, "_generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n))
     res = bench.run_stock(model, prompts, work, rows=2, mode="per_chunk")
-    assert calls[2:] == [(2, 3), (1, 3)]  # after the two warm-ups: every answer token, one chunk per row count
+    assert calls[:2] == [(2, 3), (1, 3)]  # warm-up: each row count once at full length, untimed
+    assert calls[2:] == [(2, 3), (1, 3)]  # timed: every answer token, one chunk per row count
     assert res["chunk_counts"] == {2: 2, 1: 1} and not res["extrapolated"]
     expected = res["prefill_s"] + 2 * res["measured_chunk_s"][2] + res["measured_chunk_s"][1]
     assert abs(res["total_s"] - expected) < 1e-9
     calls.clear()
     bench.run_stock(model, prompts, work, rows=2, mode="full")
-    assert calls[2:] == [(2, 3), (2, 3), (1, 3)]
+    assert calls == [(2, 3), (1, 3), (2, 3), (2, 3), (1, 3)]
