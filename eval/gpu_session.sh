@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
 # eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART; logs and JSON under $OUT.
-# Session 4 ran A (carrying .carry .carry-a), B (.carry .carry-b), C (.carry); parts 1-5 are session 3's plan.
+# Session 4 ran A (carrying .carry .carry-a), B (.carry .carry-b), C (.carry); N1-N3 are the next session's plan;
+# parts 1-5 are session 3's.
 #   A  CodeLlama grid side by side: PP Triton, stock (one full chunk per row count), PP Triton compiled
-#   B  SmolLM2: batch prompting alone on the full SQuAD and DROP dev sets; bf16 Triton vs reference agreement
-#   C  GPU generation tests (graphs, compiled steps); answer length 128 -> 1024; the Qwen2.5 grid
+#   B  SmolLM2: batch prompting alone on the full SQuAD and DROP dev sets (DROP timed out at 250 s); bf16 Triton
+#      vs reference agreement
+#   C  DROP batch again (timed out at 340 s), GPU generation tests, answer length 128 and 1024
 #   1  GPU tests, 7B-shaped scoring, CodeLlama grid (PP; stock, stock tuned at 8k x 64q), kernel check (no sweep)
 #      (session 3: the tests needed more than 100 s, the agreement run more than 90 s, and part 2's
 #      batch prompting more than its share: parts 2 and 3 now split the quality runs)
@@ -52,20 +54,37 @@ B)
       2>&1 | tail -3
   log done
   ;;
-C)
-  log tests
-  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py 2>&1 | tail -15 > $OUT/pytest.log
-  tail -2 $OUT/pytest.log
-  log answers
+C)  # as run in session 4, in three calls after B (C1 DROP batch again + tests + PP answers; C2 stock answers; C3 both at 128)
+  export PYTHONPATH=$PWD:$KEEP/site
+  timeout 340 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 --device cuda \
+      --methods batch --batch-rows 256 --out $OUT/quality/drop-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py 2>&1 | tail -15 > $OUT/pytest.log
   A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
-  timeout ${ANSWERS_S:-200} python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
-      --tag=-answers --methods "pp_triton@$A128|$A1024,stock@$A128|$A1024,pp_triton_compiled@$A1024" \
+  timeout 130 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-answers --methods "pp_triton@$A128|$A1024,pp_triton_compiled@$A1024" 2>&1 | grep -v Warning | tail -6
+  timeout 300 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-answers-stock --methods "stock@$A128|$A1024" 2>&1 | grep -v Warning | tail -4
+  timeout 95 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-answers-128 --methods "pp_triton@$A128,stock@$A128" 2>&1 | grep -v Warning | tail -4
+  ;;
+# Next session (stock now warms each row count up untimed, so these give the warm figures):
+#   N1 (.carry .carry-a) the CodeLlama grid with compile=True everywhere; N2 (.carry .carry-b) DROP batch prompting
+#   alone (its last call needs more than 190 s); N3 (.carry) answer length side by side.  Qwen after, if time is left.
+N1)
+  mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
+  timeout 560 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "pp_triton,pp_triton_compiled,stock" --deadline-s 480 2>&1 | grep -v Warning | tail -22
+  ;;
+N2)
+  smollm2_site
+  timeout 560 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 --device cuda \
+      --methods batch --batch-rows 256 --out $OUT/quality/drop-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
+  ;;
+N3)
+  A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
+  timeout 560 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-answers --methods "pp_triton@$A128|$A1024,pp_triton_compiled@$A128|$A1024,stock@$A128|$A1024" \
       2>&1 | grep -v Warning | tail -8
-  log qwen
-  timeout ${QWEN_S:-200} python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
-      --tag=-grid --methods "pp_triton,stock,pp_triton_compiled@8k x 64q" --deadline-s ${QWEN_DEADLINE:-120} \
-      2>&1 | grep -v Warning | tail -10
-  log done
   ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
