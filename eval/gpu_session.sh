@@ -78,7 +78,9 @@ N1)
 N2)
   smollm2_site
   timeout 560 python3 eval/quality.py --dataset drop --data .carry/drop-dev.jsonl.gz --dtype bfloat16 --device cuda \
-      --methods batch --batch-rows 256 --out $OUT/quality/drop-batch.json 2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5
+      --methods batch --batch-rows 256 --checkpoint $KEEP/drop-batch.jsonl --out $OUT/quality/drop-batch.json \
+      2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5  # cut by the timeout: run N2 again, it resumes
+  cp $KEEP/drop-batch.jsonl $OUT/quality/
   ;;
 N3)
   A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"

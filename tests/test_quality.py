@@ -276,6 +276,43 @@ def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
     assert "| batch |" in (tmp_path / "merged.md").read_text()
 
 
+def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+    """A run cut after some generate calls, run again with its checkpoint, runs only the other calls and gives the
+    uninterrupted run's answers; a line cut short is ignored; another run's checkpoint is refused."""
+    import hf_parallel.evaluation.quality as quality
+
+    model, tokenizer = _tiny("llama"), char_tokenizer()
+    config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, resamples=50,
+                           checkpoint=str(tmp_path / "run.jsonl"))  # fmt: skip
+    whole = run(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
+    calls, real = [], quality._generate_rows
+    monkeypatch.setattr(quality, "_generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_tokens = quality.generate_tokens
+
+    def interrupted(*args, **kwargs):  # the parallel method's second call never finishes
+        if sum(1 for line in open(config.checkpoint) if '"parallel"' in line) == 1:
+            raise KeyboardInterrupt
+        return real_tokens(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "generate_tokens", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run(config, model, tokenizer)
+    standard_calls = len(calls)  # one per question: the standard method finished
+    with open(config.checkpoint, "a") as f:
+        f.write('{"method": "parallel", "call": 1, "indi')  # a line cut short by the interruption
+    monkeypatch.setattr(quality, "generate_tokens", real_tokens)
+    calls.clear()
+    resumed = run(config, model, tokenizer)
+    assert resumed["resumed_calls"] == {"standard": standard_calls, "parallel": 1, "batch": 0}
+    assert len(calls) == 3  # only batch prompting's calls (one per document) ran again
+    assert [q["raw"] for q in resumed["questions"]] == [q["raw"] for q in whole["questions"]]
+    assert resumed["batch_outputs"] == whole["batch_outputs"]
+    again = run(config, model, tokenizer)  # every call in the checkpoint now: nothing runs, same report
+    assert len(calls) == 3 and again["summary"] == resumed["summary"]
+    with pytest.raises(ValueError, match="checkpoint of another run"):
+        run(QualityConfig(**{**config.__dict__, "max_new_tokens": 4}), model, tokenizer)
+
+
 @pytest.mark.slow
 def test_smollm2_squad_end_to_end(smollm2, tmp_path):
     model, tokenizer = smollm2

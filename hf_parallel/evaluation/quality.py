@@ -9,12 +9,16 @@
 Standard and parallel see the same token prompts; all methods decode greedily, stop at EOS
 and post-process alike (strip, first line).  Scores are the official SQuAD / DROP / QuAC
 metrics; each method's F1 minus standard's gets a paired bootstrap 95% CI over questions.
+A method's wall time is the sum of its generate calls (answers decoded to text included).
+With `checkpoint`, each finished call is appended to a JSON-lines file, and a run started
+again with that file skips the calls it holds (their recorded seconds still count).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -22,6 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -74,6 +79,7 @@ class QualityConfig:
     resamples: int = 1000  # paired bootstrap resamples
     seed: int = 0
     out: str | None = None  # JSON path (a .md table is written beside it)
+    checkpoint: str | None = None  # JSON-lines file of finished generate calls: an interrupted run resumes from it
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
@@ -174,32 +180,45 @@ class StopAtString(StoppingCriteria):
         return torch.tensor([s in t for s, t in zip(self.stops, texts)], device=input_ids.device)
 
 
-def run_standard(model, prompts, config: QualityConfig, eos, pad, bar) -> list[list[int]]:
+@dataclass
+class GenerateCall:
+    """One generate call of a method: the output positions it fills and how many questions it answers."""
+
+    indices: list[int]  # prompts (standard, parallel) or documents (batch prompting)
+    questions: int
+    run: Callable[[], list[str]]  # the decoded outputs, one per index
+
+
+def standard_calls(model, tokenizer, prompts, config: QualityConfig, eos, pad) -> list[GenerateCall]:
     """Each prompt as its own request; rows batched by length so padding stays small."""
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(order), config.standard_batch_size):
-        rows = order[start : start + config.standard_batch_size]
-        for i, tokens in zip(rows, _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad)):
-            out[i] = tokens
-        bar.update(len(rows))
-    return out
+
+    def call(rows):
+        return _decode(tokenizer, _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad))
+
+    return [GenerateCall(rows, len(rows), lambda rows=rows: call(rows))
+            for rows in _slices(order, config.standard_batch_size)]  # fmt: skip
 
 
-def run_parallel(model, per_document: list[list[list[int]]], config: QualityConfig, eos, bar) -> list[list[int]]:
+def parallel_calls(model, tokenizer, per_document, config: QualityConfig, eos) -> list[GenerateCall]:
     """All questions of `docs_per_call` documents as streams of one packed row per call."""
-    out = []
-    for start in range(0, len(per_document), config.docs_per_call):
-        prompts = [p for doc in per_document[start : start + config.docs_per_call] for p in doc]
+    first = np.cumsum([0] + [len(doc) for doc in per_document])  # each document's first prompt
+
+    def call(docs):
+        prompts = [p for d in docs for p in per_document[d]]
         answers = generate_tokens(model, prompts, max_new_tokens=config.max_new_tokens, eos_token_id=eos,
                                   do_sample=False, attn=config.attn)  # fmt: skip
-        out += [_until_eos(a, set(eos)) for a in answers]
-        bar.update(len(prompts))
-    return out
+        return _decode(tokenizer, [_until_eos(a, set(eos)) for a in answers])
+
+    calls = []
+    for docs in _slices(list(range(len(per_document))), config.docs_per_call):
+        indices = [int(i) for d in docs for i in range(first[d], first[d + 1])]
+        calls.append(GenerateCall(indices, len(indices), lambda docs=docs: call(docs)))
+    return calls
 
 
-def run_batch(model, tokenizer, documents, prompts, config: QualityConfig, eos, pad, bar) -> tuple[list, list]:
-    """One sequence per document; (raw output per document, parsed answer per question).
+def batch_calls(model, tokenizer, documents, prompts, config: QualityConfig, eos, pad) -> list[GenerateCall]:
+    """One sequence per document, its raw output text; `parse_batch_answers` splits it into answers.
 
     Each sequence stops at EOS, after max_new_tokens per question, or when the model starts
     an answer past the last question ("A<n+1>:"), which the parser would drop anyway.
@@ -207,18 +226,85 @@ def run_batch(model, tokenizer, documents, prompts, config: QualityConfig, eos, 
     prompt lengths together; a row that stops early is padded while the others go on.
     """
     order = sorted(range(len(documents)), key=lambda i: (len(documents[i].items), len(prompts[i])))
-    raw: list[str] = [""] * len(documents)
-    for start in range(0, len(order), config.batch_rows):
-        rows = order[start : start + config.batch_rows]
+
+    def call(rows):
         counts = [len(documents[i].items) for i in rows]
         width = max(len(prompts[i]) for i in rows)
         stop = StopAtString(tokenizer, [f"A{n + 1}:" for n in counts], width)
         new = _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens * max(counts), eos, pad, stop)
-        for i, n, tokens in zip(rows, counts, new):
-            raw[i] = tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
-        bar.update(sum(counts))
-    answers = [a for document, text in zip(documents, raw) for a in parse_batch_answers(text, len(document.items))]
-    return raw, answers
+        return [tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
+                for n, tokens in zip(counts, new)]  # fmt: skip
+
+    return [GenerateCall(rows, sum(len(documents[i].items) for i in rows), lambda rows=rows: call(rows))
+            for rows in _slices(order, config.batch_rows)]  # fmt: skip
+
+
+def _slices(items: list[int], size: int) -> list[list[int]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class Checkpoint:
+    """A run's finished generate calls, one JSON line each after a header line saying which run it is.
+
+    An interrupted run started again with the same checkpoint file skips the calls it holds; a
+    line cut short by the interruption is ignored (that call runs again).
+    """
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path, self.done = Path(path), {}
+        if self.path.exists() and self.path.stat().st_size:
+            lines = self.path.read_text().splitlines()
+            if _json_line(lines[0]) != header:
+                raise ValueError(f"{self.path} is the checkpoint of another run (its first line: {lines[0][:300]}); "
+                                 "pass another --checkpoint file or delete it")  # fmt: skip
+            for record in filter(None, map(_json_line, lines[1:])):
+                self.done[(record["method"], record["call"])] = record
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(header) + "\n")
+
+    def get(self, method: str, call: int, indices: list[int]) -> dict | None:
+        record = self.done.get((method, call))
+        return record if record is not None and record["indices"] == indices else None
+
+    def add(self, method: str, call: int, indices: list[int], outputs: list[str], seconds: float) -> None:
+        record = {"method": method, "call": call, "indices": indices, "outputs": outputs, "seconds": seconds}
+        with self.path.open("rb+") as f:
+            end = f.seek(0, os.SEEK_END)
+            if end and f.seek(end - 1) >= 0 and f.read(1) != b"\n":  # a line cut short by an interruption
+                f.write(b"\n")
+            f.write((json.dumps(record) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _json_line(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def execute(method: str, calls: list[GenerateCall], size: int, model, bar, checkpoint: Checkpoint | None = None):
+    """Run the calls (those not in the checkpoint); outputs by index, the calls' summed seconds, calls resumed."""
+    outputs: list[str | None] = [None] * size
+    seconds, resumed = 0.0, 0
+    for k, call in enumerate(calls):
+        record = checkpoint.get(method, k, call.indices) if checkpoint else None
+        if record is not None:
+            got, took = record["outputs"], record["seconds"]
+            resumed += 1
+        else:
+            start = _clock(model)
+            got = call.run()
+            took = _clock(model) - start
+            if checkpoint:
+                checkpoint.add(method, k, call.indices, got, took)
+        for i, text in zip(call.indices, got):
+            outputs[i] = text
+        seconds += took
+        bar.update(call.questions)
+    return outputs, seconds, resumed
 
 
 # --------------------------------------------------------------------------- scores
@@ -304,17 +390,20 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
     per_document = [question_prompts(tokenizer, config.dataset, d) for d in documents]
     prompts = [p for doc in per_document for p in doc]
     batch_prompts = [batch_prompt(tokenizer, d) for d in documents] if "batch" in config.methods else []
-    raw, wall, batch_raw, load_before = {}, {}, None, os.getloadavg()
+    checkpoint = Checkpoint(config.checkpoint, _checkpoint_header(config, items, model_name)) if config.checkpoint else None
+    raw, wall, resumed, batch_raw, load_before = {}, {}, {}, None, os.getloadavg()
     for m in config.methods:
+        if m == "standard":
+            calls, size = standard_calls(model, tokenizer, prompts, config, eos, pad), len(prompts)
+        elif m == "parallel":
+            calls, size = parallel_calls(model, tokenizer, per_document, config, eos), len(prompts)
+        else:
+            calls, size = batch_calls(model, tokenizer, documents, batch_prompts, config, eos, pad), len(documents)
         with tqdm(total=len(items), desc=m, unit="q") as bar:
-            start = _clock(model)
-            if m == "standard":
-                raw[m] = _decode(tokenizer, run_standard(model, prompts, config, eos, pad, bar))
-            elif m == "parallel":
-                raw[m] = _decode(tokenizer, run_parallel(model, per_document, config, eos, bar))
-            else:
-                batch_raw, raw[m] = run_batch(model, tokenizer, documents, batch_prompts, config, eos, pad, bar)
-            wall[m] = _clock(model) - start
+            raw[m], wall[m], resumed[m] = execute(m, calls, size, model, bar, checkpoint)
+        if m == "batch":
+            batch_raw = raw[m]
+            raw[m] = [a for d, text in zip(documents, batch_raw) for a in parse_batch_answers(text, len(d.items))]
     records = []
     for i, (document, item) in enumerate(items):
         predictions = {m: postprocess(raw[m][i], config.dataset) for m in config.methods}
@@ -328,6 +417,7 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
                         "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
                         "load_average_before": load_before, "load_average_after": os.getloadavg()},
         "summary": summarize(config.dataset, records, config.methods, wall, config),
+        "resumed_calls": resumed,  # generate calls taken from the checkpoint (their recorded seconds counted)
         "batch_outputs": batch_raw, "questions": records,
     }  # fmt: skip
 
@@ -340,6 +430,14 @@ def _clock(model) -> float:
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     return time.perf_counter()
+
+
+def _checkpoint_header(config: QualityConfig, items, model_name: str) -> dict:
+    """What must match for a checkpoint's calls to be reused: the questions and everything that shapes the calls."""
+    ids = hashlib.sha1("\n".join(item.id for _, item in items).encode()).hexdigest()
+    keep = ("dataset", "max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "dtype", "device", "attn")
+    return {"hf_parallel_quality_checkpoint": 1, "model": model_name, "questions": len(items), "question_ids": ids,
+            **{k: getattr(config, k) for k in keep}}  # fmt: skip
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -368,6 +466,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resamples", type=int, default=default.resamples)
     parser.add_argument("--seed", type=int, default=default.seed)
     parser.add_argument("--out", help="JSON report path; the table goes beside it as .md")
+    parser.add_argument("--checkpoint", help="JSON-lines file of finished generate calls; run again with the same "
+                        "file, an interrupted run skips the calls it holds (wall time: the calls' own seconds)")
 
 
 def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
@@ -424,6 +524,7 @@ def merge_reports(reports: list[dict]) -> dict:
     config = QualityConfig(**config)
     return {**base, "config": asdict(config), "summary": summarize(base["dataset"], records, methods, wall, config),
             "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
+            "resumed_calls": {m: r.get("resumed_calls", {}).get(m, 0) for r in reports for m in r["summary"]},
             "questions": records, "merged_from": [{"config": r["config"], "environment": r.get("environment")}
                                                   for r in reports]}  # fmt: skip
 
