@@ -390,7 +390,8 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
     per_document = [question_prompts(tokenizer, config.dataset, d) for d in documents]
     prompts = [p for doc in per_document for p in doc]
     batch_prompts = [batch_prompt(tokenizer, d) for d in documents] if "batch" in config.methods else []
-    checkpoint = Checkpoint(config.checkpoint, _checkpoint_header(config, items, model_name)) if config.checkpoint else None
+    header = _checkpoint_header(config, items, model_name)
+    checkpoint = Checkpoint(config.checkpoint, header) if config.checkpoint else None
     raw, wall, resumed, batch_raw, load_before = {}, {}, {}, None, os.getloadavg()
     for m in config.methods:
         if m == "standard":
@@ -433,7 +434,7 @@ def _clock(model) -> float:
 
 
 def _checkpoint_header(config: QualityConfig, items, model_name: str) -> dict:
-    """What must match for a checkpoint's calls to be reused: the questions and everything that shapes the calls."""
+    """What must match for a checkpoint's calls to be reused: the questions and all that shapes the calls."""
     ids = hashlib.sha1("\n".join(item.id for _, item in items).encode()).hexdigest()
     keep = ("dataset", "max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "dtype", "device", "attn")
     return {"hf_parallel_quality_checkpoint": 1, "model": model_name, "questions": len(items), "question_ids": ids,
