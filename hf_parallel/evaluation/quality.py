@@ -436,7 +436,8 @@ def _clock(model) -> float:
 def _checkpoint_header(config: QualityConfig, items, model_name: str) -> dict:
     """What must match for a checkpoint's calls to be reused: the questions and all that shapes the calls."""
     ids = hashlib.sha1("\n".join(item.id for _, item in items).encode()).hexdigest()
-    keep = ("dataset", "max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "dtype", "device", "attn")
+    keep = ("dataset", "max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "dtype", "device",
+            "attn")  # fmt: skip
     return {"hf_parallel_quality_checkpoint": 1, "model": model_name, "questions": len(items), "question_ids": ids,
             **{k: getattr(config, k) for k in keep}}  # fmt: skip
 
