@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from gpu_smollm2 import alone as generate_alone  # eval/, beside this script
 from hf_parallel import generate_tokens, render_prompts
 from hf_parallel.evaluation.datasets import load_squad
 from hf_parallel.models import load_smollm2
@@ -32,14 +33,13 @@ def _until(tokens: list[int], eos: int) -> list[int]:
 
 @torch.inference_mode()
 def answers(model, prompts: list[list[int]], new: int, eos: int, triton: bool) -> dict[str, list[list[int]]]:
-    ids = lambda rows: torch.tensor(rows, device=model.device)  # noqa: E731
-    generate = lambda x, mask: model.generate(x, attention_mask=mask, max_new_tokens=new, do_sample=False,  # noqa: E731
-                                              eos_token_id=eos, pad_token_id=eos)  # fmt: skip
-    alone = [_until(generate(ids([p]), ids([[1] * len(p)]))[0, len(p) :].tolist(), eos) for p in prompts]
     width = max(map(len, prompts))
-    out = generate(ids([[eos] * (width - len(p)) + p for p in prompts]),
-                   ids([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))  # fmt: skip
-    got = {"alone": alone, "padded": [_until(row, eos) for row in out[:, width:].tolist()]}
+    ids = lambda rows: torch.tensor(rows, device=model.device)  # noqa: E731
+    out = model.generate(ids([[eos] * (width - len(p)) + p for p in prompts]),
+                         attention_mask=ids([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+                         max_new_tokens=new, do_sample=False, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    got = {"alone": [generate_alone(model, p, new, eos) for p in prompts],
+           "padded": [_until(row, eos) for row in out[:, width:].tolist()]}  # fmt: skip
     for attn in ("reference", "triton") if triton else ("reference",):
         got[attn] = generate_tokens(model, prompts, max_new_tokens=new, eos_token_id=eos, attn=attn)
     return got
