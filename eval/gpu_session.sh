@@ -85,8 +85,8 @@ N2)
 N3)
   A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
   timeout 560 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
-      --tag=-answers --methods "pp_triton@$A128|$A1024,pp_triton_compiled@$A128|$A1024,stock@$A128|$A1024" \
-      2>&1 | grep -v Warning | tail -8
+      --tag=-answers --methods "pp_triton@$A128|$A1024,stock@$A128|$A1024,pp_triton_compiled@$A128|$A1024" \
+      --deadline-s 420 2>&1 | grep -v Warning | tail -8  # stock at 1024: 2 row counts x (warm-up + timed), ~350 s
   ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
