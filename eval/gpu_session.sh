@@ -69,7 +69,8 @@ C)  # as run in session 4, in three calls after B (C1 DROP batch again + tests +
   ;;
 # Next session (stock now warms each row count up untimed, so these give the warm figures):
 #   N1 (.carry .carry-a) the CodeLlama grid with compile=True everywhere; N2 (.carry .carry-b) DROP batch prompting
-#   alone (its last call needs more than 190 s); N3 (.carry) answer length side by side.  Qwen after, if time is left.
+#   alone (its last call needs more than 190 s); N3 (.carry) answer length side by side; N4 (.carry) Qwen, QWEN_S
+#   seconds (what is left).
 N1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
   timeout 560 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
@@ -81,6 +82,11 @@ N2)
       --methods batch --batch-rows 256 --checkpoint $KEEP/drop-batch.jsonl --out $OUT/quality/drop-batch.json \
       2>&1 | grep -v "it/s\|s/it\|Warning" | tail -5  # cut by the timeout: run N2 again, it resumes
   cp $KEEP/drop-batch.jsonl $OUT/quality/
+  ;;
+N4)  # with what is left: the Qwen2.5 (GQA) grid with compile=True, warm stock on 8k x 64q
+  timeout ${QWEN_S:-280} python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
+      --tag=-grid --methods "pp_triton,pp_triton_compiled@8k x 64q|16k x 64q,stock@8k x 64q" \
+      --deadline-s $(( ${QWEN_S:-280} - 60 )) 2>&1 | grep -v Warning | tail -10
   ;;
 N3)
   A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
