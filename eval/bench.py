@@ -147,7 +147,7 @@ def run_stock(model, prompts, work: Workload, rows: int, mode: str = "per_chunk"
     for d, c in chunks:
         by_rows.setdefault(len(c), []).append((d, c))
     if mode in ("full", "per_chunk"):  # warm-up: each row count once at full length, untimed (the first run of a
-        for group in by_rows.values():  # shape pays the allocator's growth: 1.6-1.9x slower on the H200)
+        for group in by_rows.values():  # shape ran 1.6-1.9x slower on the H200; likely the allocator growing)
             run(*group[0], work.answer_tokens)
     else:
         run(*chunks[0], 4), run(*chunks[0], 4)
