@@ -390,8 +390,9 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
     per_document = [question_prompts(tokenizer, config.dataset, d) for d in documents]
     prompts = [p for doc in per_document for p in doc]
     batch_prompts = [batch_prompt(tokenizer, d) for d in documents] if "batch" in config.methods else []
-    header = _checkpoint_header(config, items, model_name)
-    checkpoint = Checkpoint(config.checkpoint, header) if config.checkpoint else None
+    checkpoint = None
+    if config.checkpoint:  # the header hashes every question id: only when there is a checkpoint
+        checkpoint = Checkpoint(config.checkpoint, _checkpoint_header(config, items, model_name))
     raw, wall, resumed, batch_raw, load_before = {}, {}, {}, None, os.getloadavg()
     for m in config.methods:
         if m == "standard":
