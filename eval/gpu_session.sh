@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
 # eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART; logs and JSON under $OUT.
-# Session 4 ran A (carrying .carry .carry-a), B (.carry .carry-b), C (.carry); N1-N3 are the next session's plan;
-# parts 1-5 are session 3's.
+# Session 5 ran N1 (carrying .carry .carry-a), N2 (.carry .carry-b), N3 (.carry) and N4 (.carry, QWEN_S=290), back to
+# back, 472 + 442 + 476 + 149 s; session 4 ran A (.carry .carry-a), B (.carry .carry-b), C (.carry); parts 1-5 are
+# session 3's.
 #   A  CodeLlama grid side by side: PP Triton, stock (one full chunk per row count), PP Triton compiled
 #   B  SmolLM2: batch prompting alone on the full SQuAD and DROP dev sets (DROP timed out at 250 s); bf16 Triton
 #      vs reference agreement
@@ -67,14 +68,14 @@ C)  # as run in session 4, in three calls after B (C1 DROP batch again + tests +
   timeout 95 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
       --tag=-answers-128 --methods "pp_triton@$A128,stock@$A128" 2>&1 | grep -v Warning | tail -4
   ;;
-# Next session (stock now warms each row count up untimed, so these give the warm figures):
+# Session 5 (stock warms each row count up untimed, so these give the warm figures):
 #   N1 (.carry .carry-a) the CodeLlama grid with compile=True everywhere; N2 (.carry .carry-b) DROP batch prompting
 #   alone (its last call needs more than 190 s); N3 (.carry) answer length side by side; N4 (.carry) Qwen, QWEN_S
 #   seconds (what is left).
 N1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
-  timeout 560 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
-      --methods "pp_triton,pp_triton_compiled,stock" --deadline-s 480 2>&1 | grep -v Warning | tail -22
+  timeout 575 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-grid \
+      --methods "stock,pp_triton,pp_triton_compiled" --deadline-s 490 2>&1 | grep -v Warning | tail -22
   ;;
 N2)
   smollm2_site
