@@ -15,6 +15,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
+  pp_triton_own  pp_triton with `own_tiles=True`: each stream's own KV in one-stream tiles, the
+               document in packed tiles (pp_triton_own_compiled: and `compile=True`)
 
 and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting
 weights + the document KV once + each stream's own KV per step (and the FLOPs).
@@ -62,6 +64,8 @@ METHODS = {
     "pp_p1": dict(attn="triton", streams_per_tile=1),
     "pp_interleaved": dict(attn="triton", layout="interleaved"),
     "pp_triton_compiled": dict(attn="triton", compile=True),
+    "pp_triton_own": dict(attn="triton", own_tiles=True),
+    "pp_triton_own_compiled": dict(attn="triton", own_tiles=True, compile=True),
 }
 
 
@@ -349,7 +353,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     names = sorted({r["model"] + " | " + r["workload"] for r in results}, key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s))
     methods = [m for m in ["stock", "stock_tuned", "pp_reference", "pp_interleaved", "pp_p1", "pp_triton",
-                           "pp_triton_compiled", "roofline"]
+                           "pp_triton_compiled", "pp_triton_own", "pp_triton_own_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

@@ -70,6 +70,7 @@ class _Runner:
         """The plan of a forward over the tokens written at `q_slot` [N]."""
         plan = AttentionPlan.for_slots(q_slot, self.ids, self.layout, kv_len)
         plan.cache["streams_per_tile"] = self.opts.streams_per_tile
+        plan.cache["own_tiles"] = self.opts.own_tiles
         return plan
 
     def graph_attention_state(self, bucket: int):

@@ -83,7 +83,7 @@ class StaticRow:
 class DecodeGraphs:
     """Callable `(q_slot [n], tokens [n], changed) -> logits [n, V]` replaying captured steps.
 
-    Graphs are keyed by (bucket, attention path, streams_per_tile); `bind` the runner of
+    Graphs are keyed by (bucket, attention path, streams_per_tile, own_tiles); `bind` the runner of
     the current call before use (it supplies the layout and the eager fallback).
     """
 
@@ -100,7 +100,8 @@ class DecodeGraphs:
     def __call__(self, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> torch.Tensor:
         n = len(tokens)
         if not self.failed:
-            key = (bucket(n), self.runner.attn, self.runner.opts.streams_per_tile)
+            opts = self.runner.opts
+            key = (bucket(n), self.runner.attn, opts.streams_per_tile, opts.own_tiles)
             try:
                 if key in self.captured and not self._refresh(self.captured[key], q_slot, tokens, changed):
                     del self.captured[key]  # this layout outgrew the graph's static tile plan

@@ -37,6 +37,10 @@ class GenerationOptions:
     cuda_graphs:      capture the decode step once per shape bucket and replay it (CUDA only).
     streams_per_tile: streams packed into one row tile of the Triton kernel (None = as many as fit;
                       1 = every stream reads the document on its own, as a prefix-caching server does).
+    own_tiles:        Triton path: attend each stream's own segments (its question and answer) in
+                      one-stream row tiles and only the shared ones (the document) in packed tiles,
+                      merging the two by log-sum-exp, so packed tiles spend no work on keys that one
+                      row alone sees.  Stream-major layout only.  Off by default: not yet timed on a GPU.
     compile:          run decode steps through `torch.compile` of the model (the attention kernel an
                       opaque op), so the model's own small operations fuse; each new bucket of live
                       streams compiles once per model (tens of seconds for a 7B model).  Off by default.
@@ -55,6 +59,7 @@ class GenerationOptions:
     prefill_chunk: int | None = None
     cuda_graphs: bool = True
     streams_per_tile: int | None = None
+    own_tiles: bool = False
     compile: bool = False
 
     def __post_init__(self):
@@ -74,6 +79,9 @@ class GenerationOptions:
             raise ValueError(f"unknown attention path {self.attn!r}; choose one of {sorted(IMPLEMENTATIONS)}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.own_tiles and self.layout == "interleaved":
+            raise ValueError("own_tiles needs layout='stream': interleaved answers are strided, so every "
+                             "stream's own tile would scan all streams' answer slots")  # fmt: skip
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 

@@ -10,9 +10,9 @@ import torch._dynamo.utils
 
 from hf_parallel import generate_tokens
 
-from .conftest import generate_alone, random_tokens, tiny_model
+from .conftest import generate_alone, path_options, random_tokens, tiny_model
 
-ATTNS = ["reference", "triton"]
+ATTNS = ["reference", "triton", "triton+own_tiles"]
 
 
 def _compiled_graphs() -> int:
@@ -34,12 +34,12 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
     free = [generate_alone(llama, p, 9, None) for p in prompts]
     eos = sorted({free[0][2], free[3][5]})  # streams stop at different steps: the live count changes
     before = _compiled_graphs()
-    got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, attn=attn, compile=True)
+    got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn))
     assert got == [generate_alone(llama, p, 9, eos) for p in prompts]
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 9)} - {0})
     assert 0 < _compiled_graphs() - before <= live_counts  # one graph per live count, not one per step
     before = _compiled_graphs()
-    assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, attn=attn, compile=True) == got
+    assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn)) == got
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 

@@ -76,6 +76,8 @@ def test_beam_search_and_unknown_options_are_refused(llama):
         generate_tokens(llama, [[3, 4]], layout="diagonal")
     with pytest.raises(ValueError, match="unknown attention path"):
         generate_tokens(llama, [[3, 4]], attn="flash")
+    with pytest.raises(ValueError, match="own_tiles needs layout='stream'"):
+        generate_tokens(llama, [[3, 4]], own_tiles=True, layout="interleaved")
 
 
 def test_tokenizer_without_eos_is_refused(llama):

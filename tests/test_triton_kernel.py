@@ -94,15 +94,18 @@ def random_qkv(plan, heads, kv_heads, dim, dtype, seed, cache_order="hsd"):
 
 
 def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_len=None, tiles=None,
-          streams_per_tile=None, num_splits=None, cache_order="hsd", **attn):  # fmt: skip
+          streams_per_tile=None, num_splits=None, cache_order="hsd", own_tiles=False, **attn):  # fmt: skip
     """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance."""
     plan = make_plan(layout, q_slot, kv_len)
     q, k, v = random_qkv(plan, *heads, dim, dtype, seed, cache_order)
     want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, **attn)[0]
     group = heads[0] // heads[1]
+    if own_tiles:
+        tiles = tiles or tile_plans.build_split_plans(layout, q_slot, group, streams_per_tile=streams_per_tile,
+                                                      device=DEVICE)  # fmt: skip
     tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE)
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
-    config = launcher.default_config(q, k, tiles)
+    config = launcher.default_config(q, k, tiles.shared if own_tiles else tiles)
     config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
     launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, **attn)
     atol, rtol = TOLERANCE[dtype]
@@ -171,6 +174,29 @@ def test_one_stream_per_tile(mode):
         assert tiles.num_tiles == layout.num_prompts
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("n_streams", STREAMS)
+def test_own_tiles(n_streams, mode):
+    """The split plans (shared segments in packed tiles, own segments one stream per tile, merged by LSE)."""
+    i = STREAMS.index(n_streams)
+    layout = doc_questions(n_streams, seed=40 + n_streams)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=i)
+    for j, dtype in enumerate(DTYPES):
+        k = i + j
+        check(layout, q_slot, HEADS[k % len(HEADS)], HEAD_DIMS[k % len(HEAD_DIMS)], dtype, seed=k,
+              num_splits=[None, 1, 3][k % 3], own_tiles=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_own_tiles_on_random_prefix_trees(seed):
+    rng = random.Random(seed)
+    layout = build_layout(random_tree_prompts(rng), max_new_tokens=5, interleaved=False)
+    prefill = layout.prompt_slots()[0]
+    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(5)]):
+        check(layout, q_slot, HEADS[seed % len(HEADS)], 16, seed=seed, own_tiles=True, **(
+            {"sliding_window": 7} if seed % 2 else {}))  # fmt: skip
+
+
 def test_edges():
     layout = doc_questions(4, seed=4)
     check(layout, layout.answer_slots[:, 0])  # decode right after the prompts
@@ -208,6 +234,26 @@ def test_plan_stays_valid_across_steps_and_refills_in_place():
     buffers.fill_(tile_plans.build_tile_plan(layout, layout.answer_slots[live, 2], 2, block_m=16))
     for step in (2, 7):
         check(layout, layout.answer_slots[live, step], kv_len=layout.num_slots, tiles=buffers)
+
+
+@pytest.mark.parametrize("own_tiles", [False, True])
+def test_graph_tiles_refill_for_the_live_streams(own_tiles):
+    """`GraphTiles`, the captured step's static plan (split with own_tiles), refilled as streams leave."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    layout = doc_questions(6, seed=11)
+    config = LlamaConfig(num_attention_heads=4, num_key_value_heads=2)
+    runner = SimpleNamespace(model=SimpleNamespace(config=config), layout=layout, device=DEVICE,
+                             opts=SimpleNamespace(streams_per_tile=None, own_tiles=own_tiles))  # fmt: skip
+    state = tile_plans.GraphTiles(runner, bucket=8)
+    assert isinstance(state.tiles, tile_plans.SplitTiles) == own_tiles
+    for live, steps in [(list(range(6)), (0, 3)), ([1, 4, 5], (4, 8)), ([2], (8,))]:
+        live = live + live[-1:] * (8 - len(live))  # the bucket's padding rows repeat the last live row
+        state.refill(layout.answer_slots[live, steps[0]].to(DEVICE), layout)
+        for t in steps:
+            check(layout, layout.answer_slots[live, t], kv_len=layout.num_slots, tiles=state.tiles, own_tiles=own_tiles)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs")
@@ -283,6 +329,52 @@ def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_til
                 assert by_plan == set(mask[n].nonzero().flatten().tolist())
 
 
+def test_own_tiles_run_one_plan_where_a_part_is_empty():
+    """A document's prefill has no shared part and unrelated prompts no shared segment: one plan, same output."""
+    gen = torch.Generator().manual_seed(12)
+    unrelated = build_layout([random_tokens(5 + i, gen) for i in range(3)], 4, False)
+    layout = doc_questions(3, seed=12)
+    cases = [(layout, torch.arange(DOC), tile_plans.TilePlan), (layout, layout.answer_slots[:, 2], tile_plans.SplitTiles),
+             (unrelated, unrelated.answer_slots[:, 1], tile_plans.TilePlan)]  # fmt: skip
+    for lay, q_slot, kind in cases:
+        plan = make_plan(lay, q_slot)
+        plan.cache["own_tiles"] = True
+        q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
+        out = launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        assert type(plan.cache["triton_plan"]) is kind
+        want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_split_plans_partition_the_visible_slots(seed):
+    """Shared + own plans: every query sees each visible slot in exactly one of them, and an own tile
+    holds one stream's queries."""
+    rng = random.Random(seed)
+    layout = build_layout(random_tree_prompts(rng), max_new_tokens=4, interleaved=False)
+    prefill = layout.prompt_slots()[0]
+    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(4)]):
+        plan = make_plan(layout, q_slot)
+        mask = stream_mask(plan).cpu()
+        split = tile_plans.build_split_plans(layout, q_slot, group=1, block_m=16, own_block_m=16)
+        slots = q_slot.tolist()
+        seen = {n: [] for n in range(len(slots))}
+        own_scans = []  # slots each own tile scans: no slot in two of them (that is the shared plan's work)
+        for tiles in (split.shared, split.own):
+            for t, members in enumerate(tiles.tile_query.tolist()):
+                members = [n for n in members if n >= 0]
+                if tiles is split.own:
+                    assert len({int(plan.q_seg[n]) for n in members}) <= 1
+                    own_scans += sorted({k for _, keys in scanned_slots(tiles, t, members, slots, plan.kv_len)
+                                         for k in keys})  # fmt: skip
+                for r, keys in scanned_slots(tiles, t, members, slots, plan.kv_len):
+                    for j, n in enumerate(members):
+                        seen[n] += [k for k in keys if k <= slots[n] and k < tiles.limits[r, j]]
+        for n, keys in seen.items():
+            assert sorted(keys) == mask[n].nonzero().flatten().tolist()  # each visible slot exactly once
+        assert len(own_scans) == len(set(own_scans))
+
+
 def test_launcher_refuses_bad_inputs():
     layout = doc_questions(2, seed=7)
     plan = make_plan(layout, layout.answer_slots[:, 1])
@@ -318,8 +410,9 @@ def test_plan_is_built_once_per_forward():
 
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
-E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1})]
-E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"layout": "interleaved"})]
+E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("qwen2", {"own_tiles": True})]
+E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"layout": "interleaved"}),
+            ("gemma2", {"own_tiles": True}), ("llama", {"own_tiles": True})]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -15,7 +16,7 @@ import triton
 from ..plan import AttentionPlan, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .reference import check_attention_call
-from .tiles import TilePlan, build_tile_plan, query_group
+from .tiles import SplitTiles, TilePlan, build_split_plans, build_tile_plan, query_group
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -48,7 +49,7 @@ def triton_attention(
     return out, None
 
 
-def plan_tiles(plan: AttentionPlan, model_config) -> TilePlan:
+def plan_tiles(plan: AttentionPlan, model_config) -> TilePlan | SplitTiles:
     """The forward's tile plan, built now on the host (before a compiled forward, which cannot)."""
     return _forward_tiles(plan, query_group(model_config), plan.q_slot.device)
 
@@ -59,10 +60,16 @@ def _stream_attention_op(
     q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
     tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
     block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
+    own_tile_query: Optional[torch.Tensor], own_range_ptr: Optional[torch.Tensor], own_ranges: Optional[torch.Tensor],
+    own_limits: Optional[torch.Tensor], own_block_m: int, own_max_tile_ranges: int,
 ) -> torch.Tensor:  # fmt: skip
-    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
+    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op
+    (the own_* tensors: the own plan of `SplitTiles`, None without one)."""
     plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end))
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
+    if own_tile_query is not None:
+        own = TilePlan(own_tile_query, own_range_ptr, own_ranges, own_limits, own_block_m, group, own_max_tile_ranges)
+        tiles = SplitTiles(tiles, own)
     return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None)
 
 
@@ -71,16 +78,21 @@ def _(query, key, value, *args):
     return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
 
 
-def _compiled_stream_attention(query, key, value, plan: AttentionPlan, tiles: TilePlan, scaling, window, softcap):
+def _compiled_stream_attention(query, key, value, plan: AttentionPlan, tiles: TilePlan | SplitTiles, scaling, window,
+                               softcap):  # fmt: skip
     ids = plan.ids
+    main, own = (tiles.shared, tiles.own) if isinstance(tiles, SplitTiles) else (tiles, None)
+    own_args = (own.tile_query, own.range_ptr, own.ranges, own.limits, own.block_m, own.max_tile_ranges) if own else (
+        None, None, None, None, 0, 0)  # fmt: skip
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
-        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
-        tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
+        main.tile_query, main.range_ptr, main.ranges, main.limits, main.block_m, main.group,
+        main.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
+        *own_args,
     )  # fmt: skip
 
 
-def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> TilePlan:
+def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> TilePlan | SplitTiles:
     """The forward's tile plan, built by the first layer and reused by the others (or set by the caller)."""
     if "triton_plan" not in plan.cache:
         if plan.layout is None:
@@ -89,7 +101,12 @@ def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> Til
             raise RuntimeError("a captured forward cannot plan its tiles (a host sync): put a `TilePlan.allocate`d "
                                "plan in pp_plan.cache['triton_plan'] before capture and `fill_` it between replays")
         spt = plan.cache.get("streams_per_tile")
-        plan.cache["triton_plan"] = build_tile_plan(plan.layout, plan.q_slot, group, None, spt, device)
+        if plan.cache.get("own_tiles"):
+            split = build_split_plans(plan.layout, plan.q_slot, group, None, None, spt, device)
+            empty = [part.ranges.shape[0] == 0 for part in (split.shared, split.own)]  # e.g. a document's prefill
+            plan.cache["triton_plan"] = split.own if empty[0] else split.shared if empty[1] else split
+        else:
+            plan.cache["triton_plan"] = build_tile_plan(plan.layout, plan.q_slot, group, None, spt, device)
     return plan.cache["triton_plan"]
 
 
@@ -117,42 +134,62 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 
 
 def stream_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan | SplitTiles,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     config: KernelConfig | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None)."""
-    _check_inputs(query, key, value, plan, tiles)
+    """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
+
+    With `SplitTiles` the shared plan runs in `config`'s KV splits and the own plan in one more;
+    `combine_splits` merges them all (`config` sets both plans' tiles, the own plan never splits).
+    """
+    split = isinstance(tiles, SplitTiles)
+    _check_inputs(query, key, value, plan, tiles.shared if split else tiles)
+    if split:
+        _check_inputs(query, key, value, plan, tiles.own)
     _, heads, n, dim = query.shape
-    cfg = config or default_config(query, key, tiles)
-    block_d = max(16, triton.next_power_of_2(dim))
+    main = tiles.shared if split else tiles
+    cfg = config or default_config(query, key, main)
     splits = cfg.num_splits
+    parts = splits + 1 if split else splits  # partial outputs to merge (1: the kernel writes `out` itself)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
-    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
-    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
+    part_o = torch.empty(parts, n, heads, dim, dtype=torch.float32, device=query.device) if parts > 1 else out
+    part_lse = torch.empty(parts, n, heads, dtype=torch.float32, device=query.device) if parts > 1 else out
+    attn = dict(scaling=scaling if scaling is not None else dim**-0.5, softcap=softcap, window=sliding_window)
+    _launch(query, key, value, out, part_o, part_lse, plan, main, cfg, parts > 1, **attn)
+    if split:  # the own plan: one more partial output, after the shared plan's splits
+        own = default_config(query, key, tiles.own)
+        own_cfg = KernelConfig(config.block_n if config else own.block_n, 1, own.num_warps, own.num_stages)
+        _launch(query, key, value, out, part_o[splits:], part_lse[splits:], plan, tiles.own, own_cfg, True, **attn)
+    if parts > 1:
+        block_d = max(16, triton.next_power_of_2(dim))
+        kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
+            part_o, part_lse, out, n * heads, heads, parts, out.stride(1), out.stride(2),
+            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
+        )  # fmt: skip
+    return out
+
+
+def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
+            to_parts: bool, scaling: float, softcap: float | None, window: int | None) -> None:  # fmt: skip
+    """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs."""
+    _, heads, n, dim = query.shape
     ids = plan.ids
-    interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked above)
-    kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], splits)](
+    interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
+    kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], cfg.num_splits)](
         query, key, value, out, part_o, part_lse,
         plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
         out.stride(1), out.stride(2),
-        key.shape[2], n, heads, splits, scaling if scaling is not None else dim**-0.5,
-        softcap or 1.0, sliding_window or 0,
+        key.shape[2], n, heads, cfg.num_splits, scaling, softcap or 1.0, window or 0,
         GROUP=tiles.group, QUERIES=tiles.block_m // tiles.group, BLOCK_M=tiles.block_m, BLOCK_N=cfg.block_n,
-        HEAD_DIM=dim, BLOCK_D=block_d, USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
-        RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))), SPLIT=splits > 1,
-        PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
+        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=window is not None,
+        USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),
+        SPLIT=to_parts, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
         DOT_F32=interpreted and query.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if splits > 1:
-        kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
-            part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
-            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
-        )  # fmt: skip
-    return out
 
 
 def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> None:
