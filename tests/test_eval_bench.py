@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -64,3 +65,19 @@ def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
     calls.clear()
     bench.run_stock(model, prompts, work, rows=2, mode="full")
     assert calls == [(2, 3), (1, 3), (2, 3), (2, 3), (1, 3)]
+
+
+def test_profile_step_groups_kernel_time_of_prefill_and_decode(tmp_path):
+    """eval/profile_step.py on the CPU (tiny model, reference path): per-group times of prefill and decode."""
+    path = Path(__file__).parents[1] / "eval" / "profile_step.py"
+    spec = importlib.util.spec_from_file_location("eval_profile_step", path)
+    profile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(profile)
+    assert [profile.group_of(k) for k in ("stream_attention_fwd", "sm90_xmma_gemm_bf16", "triton_poi_fused_mul")] == [
+        "attention", "gemm", "other"]  # fmt: skip
+    profile.main(["--model", "tiny", "--doc", "40", "--questions", "3", "--new-tokens", "3", "--paths", "reference",
+                  "--device", "cpu", "--out", str(tmp_path)])  # fmt: skip
+    (row,) = json.loads((tmp_path / "profile.json").read_text())
+    assert (row["questions"], row["path"]) == (3, "reference")
+    assert row["groups"]["gemm"]["prefill_ms"] > 0 and row["groups"]["gemm"]["decode_ms_per_step"] > 0
+    assert row["top_decode_kernels"] and row["top_prefill_kernels"]

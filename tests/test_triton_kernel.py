@@ -334,7 +334,8 @@ def test_own_tiles_run_one_plan_where_a_part_is_empty():
     gen = torch.Generator().manual_seed(12)
     unrelated = build_layout([random_tokens(5 + i, gen) for i in range(3)], 4, False)
     layout = doc_questions(3, seed=12)
-    cases = [(layout, torch.arange(DOC), tile_plans.TilePlan), (layout, layout.answer_slots[:, 2], tile_plans.SplitTiles),
+    cases = [(layout, torch.arange(DOC), tile_plans.TilePlan),
+             (layout, layout.answer_slots[:, 2], tile_plans.SplitTiles),
              (unrelated, unrelated.answer_slots[:, 1], tile_plans.TilePlan)]  # fmt: skip
     for lay, q_slot, kind in cases:
         plan = make_plan(lay, q_slot)
