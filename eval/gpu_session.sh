@@ -91,9 +91,37 @@ N4)  # with what is left: the Qwen2.5 (GQA) grid with compile=True, warm stock o
   ;;
 N3)
   A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
-  timeout 560 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+  timeout 530 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
       --tag=-answers --methods "pp_triton@$A128|$A1024,stock@$A128|$A1024,pp_triton_compiled@$A128|$A1024" \
-      --deadline-s 420 2>&1 | grep -v Warning | tail -8  # stock at 1024: 2 row counts x (warm-up + timed), ~350 s
+      --deadline-s 400 2>&1 | grep -v Warning | tail -8  # stock at 1024: 2 row counts x (warm-up + timed), ~350 s
+  ;;
+# Next session (own_tiles and the profile are not yet run on a GPU):
+#   S1 (.carry) tests of the kernel and the captured / compiled steps with own_tiles at full size; the kernel per
+#      layer with own_tiles; where a call's device time goes (profile_step); the grid's corners with own_tiles
+#   S2 (.carry) the rest of the grid and answer length with own_tiles (if S1 shows a gain), Qwen with own_tiles
+S1)
+  log tests
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernel.py tests/test_gpu_generation.py \
+      2>&1 | tail -15 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log kernel
+  timeout 80 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --budget 70 --out $OUT/kernel 2>&1 | tail -30 \
+      > $OUT/kernel.log
+  log profile
+  timeout 120 python3 eval/profile_step.py --model codellama-7b --doc 8192 --questions 64 256 --out $OUT/profile \
+      2>&1 | grep -v Warning | tail -60 > $OUT/profile.log
+  log bench
+  timeout 170 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench --tag=-own \
+      --methods "pp_triton@8k x 64q|8k x 256q,pp_triton_own@8k x 64q|8k x 256q,pp_triton_own_compiled@8k x 256q" \
+      --deadline-s 130 2>&1 | grep -v Warning | tail -8
+  log done
+  ;;
+S2)
+  A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
+  timeout 300 python3 eval/bench.py --model codellama-7b --workloads grid,answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-own-rest --methods "pp_triton_own,pp_triton_own_compiled@16k x 256q|8k x 128q,pp_triton@$A1024" \
+      --deadline-s 250 2>&1 | grep -v Warning | tail -14
+  timeout 200 python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
+      --tag=-own --methods "pp_triton,pp_triton_own" --deadline-s 160 2>&1 | grep -v Warning | tail -14
   ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
