@@ -11,7 +11,8 @@
      sdpa_dense   the reference path: dense stream mask + SDPA over all kv_len slots
      triton       the kernel, default tile plan and launch config
      triton_interleaved  the paper's layout (CodeLlama P=64 only)
-     triton_own_tiles  the kernel with `own_tiles` (own regions in one-stream tiles, the document packed)
+     triton_own_tiles  the kernel with `own_tiles` (own regions in one-stream tiles, the document packed;
+                  _m128: 128-row document tiles, which now hold no rows that see nothing)
      triton_p1    the kernel with one stream per row tile (every stream reads the document)
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
@@ -153,8 +154,9 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
     want = sdpa_run(plan, q, kv[:1])[0]()  # builds and caches the dense mask
     sdpa = sdpa_run(plan, q, kv)
     rows = [row("sdpa_dense", measure(sdpa), step_bytes, ceiling, do_bench_us=single_call_us(sdpa[0]))]
-    for name, spt, own in (("triton", None, False), ("triton_own_tiles", None, True), ("triton_p1", 1, False)):
-        tiles, cfg, fns = triton_run(layout, plan, q, kv, streams_per_tile=spt, own_tiles=own)
+    for name, spt, own, block_m in (("triton", None, False, None), ("triton_own_tiles", None, True, None),
+                                    ("triton_own_tiles_m128", None, True, 128), ("triton_p1", 1, False, None)):
+        tiles, cfg, fns = triton_run(layout, plan, q, kv, block_m=block_m, streams_per_tile=spt, own_tiles=own)
         err = (fns[0]().float() - want.float()).abs().max().item()
         main = tiles.shared if own else tiles
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=main.num_tiles, block_m=main.block_m,
