@@ -302,18 +302,23 @@ def scanned_slots(tiles, tile: int, members: list[int], q_slot: list[int], kv_le
     return out
 
 
+def random_forwards(seed: int, interleaved: bool):
+    """(layout, q_slot, plan, stream mask) of a random prefix tree's prefill tail and of one decode step."""
+    rng = random.Random(seed)
+    layout = build_layout(random_tree_prompts(rng), max_new_tokens=4, interleaved=interleaved)
+    prefill = layout.prompt_slots()[0]
+    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(4)]):
+        plan = make_plan(layout, q_slot)
+        yield layout, q_slot, plan, stream_mask(plan).cpu()
+
+
 @pytest.mark.parametrize("streams_per_tile", [None, 1, 2])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize("seed", range(30))
 def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_tile):
     """Stream-major: a tile visits exactly the union of its queries' visible slots (interleaved: a superset),
     and each query's limits (then causality) reproduce its row of the stream mask exactly."""
-    rng = random.Random(seed)
-    layout = build_layout(random_tree_prompts(rng), max_new_tokens=4, interleaved=interleaved)
-    prefill = layout.prompt_slots()[0]
-    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(4)]):
-        plan = make_plan(layout, q_slot)
-        mask = stream_mask(plan).cpu()
+    for layout, q_slot, plan, mask in random_forwards(seed, interleaved):
         tiles = tile_plans.build_tile_plan(layout, q_slot, group=1, block_m=16, streams_per_tile=streams_per_tile)
         slots = q_slot.tolist()
         rows = [[n for n in members if n >= 0] for members in tiles.tile_query.tolist()]
@@ -351,12 +356,7 @@ def test_own_tiles_run_one_plan_where_a_part_is_empty():
 def test_split_plans_partition_the_visible_slots(seed):
     """Shared + own plans: every query sees each visible slot in exactly one of them, and an own tile
     holds one stream's queries."""
-    rng = random.Random(seed)
-    layout = build_layout(random_tree_prompts(rng), max_new_tokens=4, interleaved=False)
-    prefill = layout.prompt_slots()[0]
-    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(4)]):
-        plan = make_plan(layout, q_slot)
-        mask = stream_mask(plan).cpu()
+    for layout, q_slot, plan, mask in random_forwards(seed, interleaved=False):
         split = tile_plans.build_split_plans(layout, q_slot, group=1, block_m=16, own_block_m=16)
         slots = q_slot.tolist()
         seen = {n: [] for n in range(len(slots))}
