@@ -115,13 +115,36 @@ S1)
       --deadline-s 130 2>&1 | grep -v Warning | tail -8
   log done
   ;;
-S2)
-  A128="8k x 128q x 128a" A1024="8k x 128q x 1024a"
-  timeout 300 python3 eval/bench.py --model codellama-7b --workloads grid,answers --tokenizer $TOK --out $OUT/bench \
-      --tag=-own-rest --methods "pp_triton_own,pp_triton_own_compiled@16k x 256q|8k x 128q,pp_triton@$A1024" \
-      --deadline-s 250 2>&1 | grep -v Warning | tail -14
-  timeout 200 python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
-      --tag=-own --methods "pp_triton,pp_triton_own" --deadline-s 160 2>&1 | grep -v Warning | tail -14
+S2)  # own_tiles where the own KV is largest (1024 answer tokens), side by side
+  A1024="8k x 128q x 1024a"
+  log answers
+  timeout 190 python3 eval/bench.py --model codellama-7b --workloads answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-own-1024 --methods "pp_triton@$A1024,pp_triton_own@$A1024" --deadline-s 120 2>&1 | grep -v Warning | tail -6
+  log done
+  ;;
+S3)  # own tiles packing 16 rows' worth of streams (no longer one stream each): kernel, GPU tests, bench corners
+  log kernel
+  timeout 80 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --budget 70 --out $OUT/kernel 2>&1 | tail -30 \
+      > $OUT/kernel.log
+  log tests
+  timeout 100 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernel.py -k "own or split or graph_tiles" \
+      2>&1 | tail -5 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log bench
+  A1024="8k x 128q x 1024a"
+  timeout 250 python3 eval/bench.py --model codellama-7b --workloads grid,answers --tokenizer $TOK --out $OUT/bench \
+      --tag=-own16 --methods "pp_triton@8k x 64q|8k x 256q,pp_triton_own@8k x 64q|8k x 256q|$A1024" --deadline-s 200 \
+      2>&1 | grep -v Warning | tail -8
+  log done
+  ;;
+S4)  # the GPU tests at full size of the final code; Qwen (GQA) own tiles side by side
+  log tests
+  timeout 330 python3 -m pytest -q -x -p no:cacheprovider --durations=6 tests/test_triton_kernel.py \
+      tests/test_gpu_generation.py 2>&1 | tail -15 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log bench
+  timeout 150 python3 eval/bench.py --model qwen2.5-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
+      --tag=-own16 --methods "pp_triton@8k x 64q|8k x 256q,pp_triton_own@8k x 64q|8k x 256q" --deadline-s 110 \
+      2>&1 | grep -v Warning | tail -6
+  log done
   ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
