@@ -177,7 +177,7 @@ def test_one_stream_per_tile(mode):
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
 @pytest.mark.parametrize("n_streams", STREAMS)
 def test_own_tiles(n_streams, mode):
-    """The split plans (shared segments in packed tiles, own segments one stream per tile, merged by LSE)."""
+    """The split plans (shared segments in packed tiles, own segments in 16-row tiles, merged by LSE)."""
     i = STREAMS.index(n_streams)
     layout = doc_questions(n_streams, seed=40 + n_streams)
     q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=i)
@@ -354,26 +354,25 @@ def test_own_tiles_run_one_plan_where_a_part_is_empty():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_split_plans_partition_the_visible_slots(seed):
-    """Shared + own plans: every query sees each visible slot in exactly one of them, and an own tile
-    holds one stream's queries."""
+    """Shared + own plans: every query sees each visible slot in exactly one of them, an own tile holds
+    at most one dot's worth of streams, and it scans only slots that one stream alone sees."""
     for layout, q_slot, plan, mask in random_forwards(seed, interleaved=False):
         split = tile_plans.build_split_plans(layout, q_slot, group=1, block_m=16, own_block_m=16)
-        slots = q_slot.tolist()
+        slots, q_seg = q_slot.tolist(), plan.q_seg.cpu()
         seen = {n: [] for n in range(len(slots))}
-        own_scans = []  # slots each own tile scans: no slot in two of them (that is the shared plan's work)
         for tiles in (split.shared, split.own):
             for t, members in enumerate(tiles.tile_query.tolist()):
                 members = [n for n in members if n >= 0]
+                scanned = scanned_slots(tiles, t, members, slots, plan.kv_len)
                 if tiles is split.own:
-                    assert len({int(plan.q_seg[n]) for n in members}) <= 1
-                    own_scans += sorted({k for _, keys in scanned_slots(tiles, t, members, slots, plan.kv_len)
-                                         for k in keys})  # fmt: skip
-                for r, keys in scanned_slots(tiles, t, members, slots, plan.kv_len):
+                    assert len({int(q_seg[n]) for n in members}) <= tile_plans.own_streams_per_tile(1)
+                    for k in {k for _, keys in scanned for k in keys}:
+                        assert len(set(q_seg[mask[:, k]].tolist())) == 1  # no shared slot in an own tile
+                for r, keys in scanned:
                     for j, n in enumerate(members):
                         seen[n] += [k for k in keys if k <= slots[n] and k < tiles.limits[r, j]]
         for n, keys in seen.items():
             assert sorted(keys) == mask[n].nonzero().flatten().tolist()  # each visible slot exactly once
-        assert len(own_scans) == len(set(own_scans))
 
 
 def test_launcher_refuses_bad_inputs():

@@ -10,7 +10,7 @@ valid for every decode step while the set of live streams is unchanged (what a
 captured CUDA graph needs: `TilePlan.allocate` once, `fill_` when streams leave;
 `GraphTiles` does that for hf_parallel's captured decode steps).  `build_split_plans` makes
 two plans of one forward (`SplitTiles`, the `own_tiles` option): shared segments in packed
-tiles, each stream's own segments in one-stream tiles.
+tiles, the streams' own segments in tiles of one dot's worth of rows.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..layout import Layout
 from ..plan import AttentionPlan
 
 MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
+MIN_DOT_ROWS = 16  # tl.dot's fewest rows
 
 
 @dataclass
@@ -100,9 +101,11 @@ class SplitTiles:
     shared: the segments that several of the forward's streams see (the document, a shared
             system prompt), in tiles packing many streams, so each shared KV tile is read once
             for all of them.
-    own:    the segments one stream alone sees (its question and answer), in one-stream tiles,
-            so no tile multiplies a stream's own keys against other streams' rows (which see
-            nothing of them).
+    own:    the segments one stream alone sees (its question and answer), in tiles of at most
+            as many streams as fill the smallest dot (16 rows: 16 streams without GQA, 2 of
+            Qwen2.5's groups of 7 query heads), so a stream's own keys are multiplied against
+            no more rows than a one-stream tile would pad to (with 64 streams a packed tile
+            multiplies them against 64 rows, of which one sees them).
     Each plan writes a partial output and log-sum-exp per row; `combine_splits` merges them.
     """
 
@@ -149,13 +152,19 @@ def build_split_plans(
     streams_per_tile: int | None = None, device: torch.device | str | None = None,
 ) -> SplitTiles:  # fmt: skip
     """`SplitTiles` of a forward: shared segments in tiles of up to `streams_per_tile` streams (rows
-    `block_m`), own segments one stream per tile (rows `own_block_m`, default the smallest that fits)."""
+    `block_m`), own segments in tiles of up to `own_streams_per_tile(group)` streams (rows `own_block_m`,
+    default the smallest that fits)."""
     if layout.interleaved:
         raise ValueError("own tiles need the stream-major layout: interleaved answers are strided, so each "
                          "stream's tile would scan every stream's answer slots")  # fmt: skip
     shared = build_tile_plan(layout, q_slot, group, block_m, streams_per_tile, device, part="shared")
-    own = build_tile_plan(layout, q_slot, group, own_block_m, 1, device, part="own")
+    own = build_tile_plan(layout, q_slot, group, own_block_m, own_streams_per_tile(group), device, part="own")
     return SplitTiles(shared, own)
+
+
+def own_streams_per_tile(group: int) -> int:
+    """Streams per own tile: as many as one decode query each fills the smallest dot with."""
+    return max(1, MIN_DOT_ROWS // group)
 
 
 def _part_filter(layout: Layout, q_seg: np.ndarray, shared: bool):
@@ -180,7 +189,7 @@ def _block_m(group: int, block_m: int | None) -> int:
 
 
 def _dot_rows(rows: int) -> int:
-    return max(16, triton.next_power_of_2(rows))  # tl.dot needs at least 16 rows
+    return max(MIN_DOT_ROWS, triton.next_power_of_2(rows))
 
 
 def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None) -> list[list[int]]:
@@ -281,7 +290,8 @@ class GraphTiles:
         shared = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=self.streams_per_tile,
                                    device=runner.device)  # fmt: skip
         if self.own_tiles:
-            own = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=1, device=runner.device)
+            own = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=own_streams_per_tile(self.group),
+                                    device=runner.device)  # fmt: skip
             self.tiles = SplitTiles(shared, own)
         else:
             self.tiles = shared
