@@ -146,6 +146,19 @@ S4)  # the GPU tests at full size of the final code; Qwen (GQA) own tiles side b
       2>&1 | grep -v Warning | tail -6
   log done
   ;;
+S5)  # own tiles run in the shared tiles' launch (one grid): kernel, the GPU tests at full size, bench corners
+  log kernel
+  timeout 60 python3 eval/gpu_kernel_check.py --skip-tests --no-sweep --budget 50 --out $OUT/kernel 2>&1 | tail -30 \
+      > $OUT/kernel.log
+  log tests
+  timeout 230 python3 -m pytest -q -x -p no:cacheprovider tests/test_triton_kernel.py tests/test_gpu_generation.py \
+      2>&1 | tail -15 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log bench
+  timeout 150 python3 eval/bench.py --model codellama-7b --workloads grid --tokenizer $TOK --out $OUT/bench \
+      --tag=-own-fused --methods "pp_triton@8k x 64q|8k x 256q,pp_triton_own@8k x 64q|8k x 256q" --deadline-s 100 \
+      2>&1 | grep -v Warning | tail -6
+  log done
+  ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
   log tests
