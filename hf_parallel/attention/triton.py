@@ -140,43 +140,27 @@ def stream_attention(
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
 
-    With `SplitTiles` one launch runs the shared plan's tiles and the own plan's side by side, each
-    in `config`'s KV splits (set from the shared plan), and `combine_splits` merges all the partial
-    outputs.
+    With `SplitTiles` the shared plan runs in `config`'s KV splits and the own plan in one more;
+    `combine_splits` merges them all (`config` sets both plans' tiles, the own plan never splits).
     """
-    main, own = (tiles.shared, tiles.own) if isinstance(tiles, SplitTiles) else (tiles, None)
-    _check_inputs(query, key, value, plan, main)
-    if own is not None:
-        _check_inputs(query, key, value, plan, own)
-        if own.group != main.group:
-            raise ValueError(f"the own plan's group {own.group} != the shared plan's {main.group}")
+    split = isinstance(tiles, SplitTiles)
+    _check_inputs(query, key, value, plan, tiles.shared if split else tiles)
+    if split:
+        _check_inputs(query, key, value, plan, tiles.own)
     _, heads, n, dim = query.shape
+    main = tiles.shared if split else tiles
     cfg = config or default_config(query, key, main)
-    parts = cfg.num_splits * (1 if own is None else 2)  # partial outputs to merge (1: the kernel writes `out`)
+    splits = cfg.num_splits
+    parts = splits + 1 if split else splits  # partial outputs to merge (1: the kernel writes `out` itself)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(parts, n, heads, dim, dtype=torch.float32, device=query.device) if parts > 1 else out
     part_lse = torch.empty(parts, n, heads, dtype=torch.float32, device=query.device) if parts > 1 else out
-    ids = plan.ids
-    interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
-    ranges = lambda t: min(128, max(16, triton.next_power_of_2(t.max_tile_ranges)))  # noqa: E731
-    other = own or main  # without an own plan, the kernel never reads these
-    grid = (main.num_tiles + (own.num_tiles if own else 0), key.shape[1], cfg.num_splits)
-    kernels.stream_attention_fwd[grid](
-        query, key, value, out, part_o, part_lse,
-        plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
-        main.tile_query, main.range_ptr, main.ranges, main.limits,
-        other.tile_query, other.range_ptr, other.ranges, other.limits, main.num_tiles,
-        query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
-        out.stride(1), out.stride(2),
-        key.shape[2], n, heads, cfg.num_splits, scaling if scaling is not None else dim**-0.5, softcap or 1.0,
-        sliding_window or 0,
-        GROUP=main.group, BLOCK_M=main.block_m, OWN_M=other.block_m, BLOCK_N=cfg.block_n,
-        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=sliding_window is not None,
-        USE_SOFTCAP=softcap is not None, RANGES=ranges(main), OWN_RANGES=ranges(other), HAS_OWN=own is not None,
-        SPLIT=parts > 1, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
-        DOT_F32=interpreted and query.dtype == torch.bfloat16,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    attn = dict(scaling=scaling if scaling is not None else dim**-0.5, softcap=softcap, window=sliding_window)
+    _launch(query, key, value, out, part_o, part_lse, plan, main, cfg, parts > 1, **attn)
+    if split:  # the own plan: one more partial output, after the shared plan's splits
+        own = default_config(query, key, tiles.own)
+        own_cfg = KernelConfig(config.block_n if config else own.block_n, 1, own.num_warps, own.num_stages)
+        _launch(query, key, value, out, part_o[splits:], part_lse[splits:], plan, tiles.own, own_cfg, True, **attn)
     if parts > 1:
         block_d = max(16, triton.next_power_of_2(dim))
         kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
@@ -184,6 +168,28 @@ def stream_attention(
             HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
         )  # fmt: skip
     return out
+
+
+def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
+            to_parts: bool, scaling: float, softcap: float | None, window: int | None) -> None:  # fmt: skip
+    """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs."""
+    _, heads, n, dim = query.shape
+    ids = plan.ids
+    interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
+    kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], cfg.num_splits)](
+        query, key, value, out, part_o, part_lse,
+        plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
+        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
+        query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
+        out.stride(1), out.stride(2),
+        key.shape[2], n, heads, cfg.num_splits, scaling, softcap or 1.0, window or 0,
+        GROUP=tiles.group, QUERIES=tiles.block_m // tiles.group, BLOCK_M=tiles.block_m, BLOCK_N=cfg.block_n,
+        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=window is not None,
+        USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),
+        SPLIT=to_parts, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
+        DOT_F32=interpreted and query.dtype == torch.bfloat16,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
 
 
 def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> None:

@@ -12,8 +12,7 @@ the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
 Online softmax as in Triton's 06-fused-attention tutorial (base-2 exponentials).  With
 several KV splits per tile (flash-decoding), each split writes its normalized partial
-output and log-sum-exp and `combine_splits` merges them; so do the two plans of
-`SplitTiles`, whose tiles one launch runs side by side.
+output and log-sum-exp and `combine_splits` merges them.
 """
 
 import triton
@@ -89,71 +88,21 @@ def _attend_block(
     return acc, m_ij, l_i
 
 
-@triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "window", "own_from"])  # they change per step
+@triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "window"])  # they change per step
 def stream_attention_fwd(
     Q, K, V, Out, PartO, PartLse,
     q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
     tile_query_ptr, range_ptr, ranges_ptr, limits_ptr,
-    own_tile_query_ptr, own_range_ptr, own_ranges_ptr, own_limits_ptr, own_from,
-    stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
-    kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, OWN_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    RANGES: tl.constexpr, OWN_RANGES: tl.constexpr, HAS_OWN: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-):  # fmt: skip
-    """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D].
-
-    With HAS_OWN, tiles from `own_from` on are the own plan's (`SplitTiles`, OWN_M rows each); they
-    write partial outputs num_splits after the shared tiles', and their programs run beside the
-    shared tiles' in one grid, so the own KV's reads overlap the document's matmuls.
-    """
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    if HAS_OWN:
-        if tile >= own_from:
-            _attend_tile(
-                Q, K, V, Out, PartO, PartLse, q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
-                own_tile_query_ptr, own_range_ptr, own_ranges_ptr, own_limits_ptr, tile - own_from, kv_head, split,
-                split + num_splits, stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on,
-                stride_oh, kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
-                GROUP, OWN_M // GROUP, OWN_M, BLOCK_N, HEAD_DIM, BLOCK_D, USE_WINDOW, USE_SOFTCAP, OWN_RANGES, True,
-                PRECISION, DOT_F32,
-            )  # fmt: skip
-        else:
-            _attend_tile(
-                Q, K, V, Out, PartO, PartLse, q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
-                tile_query_ptr, range_ptr, ranges_ptr, limits_ptr, tile, kv_head, split, split,
-                stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
-                kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
-                GROUP, BLOCK_M // GROUP, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, USE_WINDOW, USE_SOFTCAP, RANGES, True,
-                PRECISION, DOT_F32,
-            )  # fmt: skip
-    else:
-        _attend_tile(
-            Q, K, V, Out, PartO, PartLse, q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
-            tile_query_ptr, range_ptr, ranges_ptr, limits_ptr, tile, kv_head, split, split,
-            stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
-            kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
-            GROUP, BLOCK_M // GROUP, BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_D, USE_WINDOW, USE_SOFTCAP, RANGES, SPLIT,
-            PRECISION, DOT_F32,
-        )  # fmt: skip
-
-
-@triton.jit
-def _attend_tile(
-    Q, K, V, Out, PartO, PartLse,
-    q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
-    tile_query_ptr, range_ptr, ranges_ptr, limits_ptr, tile, kv_head, split, part,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
 ):  # fmt: skip
-    """One program: row tile `tile` of a plan, KV head `kv_head`, KV split `split`, written to
-    partial output `part` (SPLIT) or to Out."""
+    """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D]."""
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
     # -- rows of this tile: (query, head of the group) pairs --
     offs_m = tl.arange(0, BLOCK_M)
     member = offs_m // GROUP
@@ -203,7 +152,7 @@ def _attend_tile(
     out = acc / l_safe[:, None]
     store_ok = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        flat = (part * num_queries + query) * num_heads + head
+        flat = (split * num_queries + query) * num_heads + head
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(PartLse + flat, lse, mask=row_ok)
         tl.store(PartO + flat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=store_ok)
