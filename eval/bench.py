@@ -15,7 +15,7 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
-  pp_triton_own  pp_triton with `own_tiles=True`: each stream's own KV in one-stream tiles, the
+  pp_triton_own  pp_triton with `own_tiles=True`: the streams' own KV in 16-row tiles, the
                document in packed tiles (pp_triton_own_compiled: and `compile=True`)
 
 and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting

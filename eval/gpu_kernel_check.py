@@ -11,7 +11,7 @@
      sdpa_dense   the reference path: dense stream mask + SDPA over all kv_len slots
      triton       the kernel, default tile plan and launch config
      triton_interleaved  the paper's layout (CodeLlama P=64 only)
-     triton_own_tiles  the kernel with `own_tiles` (own regions in one-stream tiles, the document packed;
+     triton_own_tiles  the kernel with `own_tiles` (own regions in 16-row tiles, the document packed;
                   _m128: 128-row document tiles, which now hold no rows that see nothing)
      triton_p1    the kernel with one stream per row tile (every stream reads the document)
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Device calls of one session, run back to back (the SmolLM2 GGUF travels in two parts, see
 # eval/gpu_smollm2.py).  Usage: bash eval/gpu_session.sh PART; logs and JSON under $OUT.
+# Session 6 ran S1-S5 (each carrying .carry), 405 + 154 + 246 + 165 + 324 s (S1's and S5's tests ran out of time
+# at 84%, with no failure: a fresh machine compiles the kernels first; S4 ran them all; one more call ran nothing,
+# 0.2 s, its part then misplaced in this file).
 # Session 5 ran N1 (carrying .carry .carry-a), N2 (.carry .carry-b), N3 (.carry) and N4 (.carry, QWEN_S=290), back to
 # back, 472 + 442 + 476 + 149 s; session 4 ran A (.carry .carry-a), B (.carry .carry-b), C (.carry); parts 1-5 are
 # session 3's.
