@@ -93,7 +93,8 @@ class _Runner:
 
                 plan_tiles(plan, self.model.config)  # on the host, before the compiled forward (kept if set)
             try:
-                return compiled_call(self.model)(**kwargs).logits[0].float()
+                with _recompile_limit(RECOMPILE_LIMIT):
+                    return compiled_call(self.model)(**kwargs).logits[0].float()
             except Exception as err:  # noqa: BLE001 - a real input error recurs below, uncompiled
                 if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                     raise
@@ -172,6 +173,17 @@ def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
     prompts = torch.nonzero(chunk[idx] == last).flatten()
     rows, inverse = torch.unique(idx[prompts], return_inverse=True)  # duplicate prompts share a row
     return rows, prompts, inverse
+
+
+RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per live count without CUDA graphs)
+
+
+def _recompile_limit(limit: int):
+    """Dynamo's per-function recompile limit raised to at least `limit` (its default, 8, would leave the
+    buckets past the eighth, e.g. the ninth of 256 streams, running uncompiled)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(getattr(config, name), limit)})
 
 
 def compiled_call(model: PreTrainedModel):

@@ -44,6 +44,22 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
 
 
 @pytest.mark.slow
+def test_compiled_steps_pass_dynamo_recompile_limit(llama, monkeypatch):
+    """Every live count (every bucket, with CUDA graphs) compiles, past dynamo's recompile limit (default 8,
+    set to 1 here): 256 streams stopping at their own steps need nine buckets."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    gen = torch.Generator().manual_seed(5)
+    doc = random_tokens(20, gen)
+    prompts = [doc + random_tokens(1 + i % 3, gen) for i in range(4)]
+    free = [generate_alone(llama, p, 6, None) for p in prompts]
+    eos = sorted({free[0][1], free[1][3]})
+    before = _compiled_graphs()
+    got = generate_tokens(llama, prompts, max_new_tokens=6, eos_token_id=eos, compile=True)
+    assert got == [generate_alone(llama, p, 6, eos) for p in prompts]
+    live_counts = len({sum(len(g) > step for g in got) for step in range(1, 6)} - {0})
+    assert live_counts >= 2 and _compiled_graphs() - before == live_counts
+
+
 def test_compiled_gemma2_softcap_and_window_match_generate():
     model = tiny_model("gemma2")
     gen = torch.Generator().manual_seed(4)
