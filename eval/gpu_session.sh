@@ -162,6 +162,12 @@ S5)  # own tiles run in the shared tiles' launch (one grid): kernel, the GPU tes
       2>&1 | grep -v Warning | tail -6
   log done
   ;;
+S6)  # after the recompile-limit change: the compiled CUDA-graph steps against model.generate
+  log tests
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_generation.py -k compiled \
+      2>&1 | tail -4 > $OUT/pytest.log; tail -2 $OUT/pytest.log
+  log done
+  ;;
 1)
   mkdir -p $KEEP && cp .carry-a/gguf.part1 $KEEP/
   log tests
