@@ -43,7 +43,6 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 
-@pytest.mark.slow
 def test_compiled_steps_pass_dynamo_recompile_limit(llama, monkeypatch):
     """Every live count (every bucket, with CUDA graphs) compiles, past dynamo's recompile limit (default 8,
     set to 1 here): 256 streams stopping at their own steps need nine buckets."""
@@ -60,6 +59,7 @@ def test_compiled_steps_pass_dynamo_recompile_limit(llama, monkeypatch):
     assert live_counts >= 2 and _compiled_graphs() - before == live_counts
 
 
+@pytest.mark.slow
 def test_compiled_gemma2_softcap_and_window_match_generate():
     model = tiny_model("gemma2")
     gen = torch.Generator().manual_seed(4)
