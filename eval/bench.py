@@ -118,14 +118,20 @@ def timed(fn) -> tuple[float, object]:
 
 def run_pp(model, prompts, work: Workload, options: dict, repeats: int = 2) -> dict:
     run = lambda n: hf_parallel.generate_tokens(  # noqa: E731
-        model, prompts, max_new_tokens=n, eos_token_id=[], prefill_chunk=8192, **options)
+        model, prompts, max_new_tokens=n, eos_token_id=[], prefill_chunk=8192, **options
+    )
     warmup_s, _ = timed(lambda: run(work.answer_tokens))  # kernels, graph capture (and compilation) at full size
     prefill_s = min(timed(lambda: run(1))[0] for _ in range(repeats))
     runs = [timed(lambda: run(work.answer_tokens)) for _ in range(repeats)]
     assert all(len(o) == work.answer_tokens for _, out in runs for o in out)
     total_s = min(t for t, _ in runs)  # best of the repeats, each listed in total_s_all
-    return dict(total_s=total_s, prefill_s=prefill_s, decode_s=total_s - prefill_s, total_s_all=[t for t, _ in runs],
-                warmup_s=warmup_s)
+    return dict(
+        total_s=total_s,
+        prefill_s=prefill_s,
+        decode_s=total_s - prefill_s,
+        total_s_all=[t for t, _ in runs],
+        warmup_s=warmup_s,
+    )
 
 
 def run_stock(model, prompts, work: Workload, rows: int, mode: str = "per_chunk") -> dict:
@@ -351,14 +357,23 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = sorted({r["model"] + " | " + r["workload"] for r in results}, key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s))
+    names = sorted(
+        {r["model"] + " | " + r["workload"] for r in results},
+        key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
+    )
     methods = [m for m in ["stock", "stock_tuned", "pp_reference", "pp_interleaved", "pp_p1", "pp_triton",
                            "pp_triton_compiled", "pp_triton_own", "pp_triton_own_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)
     for i, method in enumerate(methods):
-        vals = [next((r["total_s"] for r in results if r["method"] == method and r["model"] + " | " + r["workload"] == n), float("nan")) for n in names]
+        vals = [
+            next(
+                (r["total_s"] for r in results if r["method"] == method and r["model"] + " | " + r["workload"] == n),
+                float("nan"),
+            )
+            for n in names
+        ]
         ax.bar([j + i * width for j in range(len(names))], vals, width, label=method)
     ax.set_yscale("log")
     ax.set_ylabel("wall time (s, log)")
@@ -391,12 +406,23 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
     parser.add_argument("--workloads", default="grid,answers,docs", help="comma list of grid, answers, docs")
-    parser.add_argument("--methods", default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved",
-                        help="comma list; METHOD@W1|W2 runs METHOD only on the named workloads")
-    parser.add_argument("--deadline-s", type=float, default=float("inf"),
-                        help="skip the runs left after this many seconds (the table and plot are still written)")
-    parser.add_argument("--stock", choices=["per_chunk", "full", "extrapolate"], default="per_chunk",
-                        help="how `stock` is timed (see run_stock); `stock_full` always runs every chunk")
+    parser.add_argument(
+        "--methods",
+        default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved",
+        help="comma list; METHOD@W1|W2 runs METHOD only on the named workloads",
+    )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=float("inf"),
+        help="skip the runs left after this many seconds (the table and plot are still written)",
+    )
+    parser.add_argument(
+        "--stock",
+        choices=["per_chunk", "full", "extrapolate"],
+        default="per_chunk",
+        help="how `stock` is timed (see run_stock); `stock_full` always runs every chunk",
+    )
     parser.add_argument("--stock-rows", type=int, default=16, help="rows per stock generate call")
     parser.add_argument("--scale", type=float, default=1.0, help="scale document lengths (for quick checks)")
     parser.add_argument("--seed", type=int, default=0)
@@ -420,7 +446,9 @@ def main(argv: list[str] | None = None) -> None:
         lambda s: [hash(w) % (vocab - 3) + 3 for w in s.split()])  # fmt: skip
     book = book_tokens(tokenizer, vocab, args.book)
     ceilings = measure_ceilings(device)
-    print(f"ceilings: copy {ceilings['bandwidth'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul'] / 1e12:.0f} TFLOP/s")
+    print(
+        f"ceilings: copy {ceilings['bandwidth'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['matmul'] / 1e12:.0f} TFLOP/s"
+    )
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{args.model}{args.tag}"

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 
 import torch
-
 from gpu_smollm2 import alone as generate_alone  # eval/, beside this script
+
 from hf_parallel import generate_tokens, render_prompts
 from hf_parallel.evaluation.datasets import load_squad
 from hf_parallel.models import load_smollm2

@@ -154,8 +154,12 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
     want = sdpa_run(plan, q, kv[:1])[0]()  # builds and caches the dense mask
     sdpa = sdpa_run(plan, q, kv)
     rows = [row("sdpa_dense", measure(sdpa), step_bytes, ceiling, do_bench_us=single_call_us(sdpa[0]))]
-    for name, spt, own, block_m in (("triton", None, False, None), ("triton_own_tiles", None, True, None),
-                                    ("triton_own_tiles_m128", None, True, 128), ("triton_p1", 1, False, None)):
+    for name, spt, own, block_m in (
+        ("triton", None, False, None),
+        ("triton_own_tiles", None, True, None),
+        ("triton_own_tiles_m128", None, True, 128),
+        ("triton_p1", 1, False, None),
+    ):
         tiles, cfg, fns = triton_run(layout, plan, q, kv, block_m=block_m, streams_per_tile=spt, own_tiles=own)
         err = (fns[0]().float() - want.float()).abs().max().item()
         main = tiles.shared if own else tiles
@@ -172,8 +176,18 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
 
 
 SWEEP = [  # (block_m, block_n, warps, stages), the likeliest first: the sweep stops at its deadline
-    (64, 32, 4, 3), (64, 32, 4, 4), (64, 64, 4, 2), (32, 32, 4, 3), (32, 64, 4, 2), (128, 32, 8, 3),
-    (64, 32, 4, 2), (32, 32, 4, 4), (128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3), (32, 64, 4, 3),
+    (64, 32, 4, 3),
+    (64, 32, 4, 4),
+    (64, 64, 4, 2),
+    (32, 32, 4, 3),
+    (32, 64, 4, 2),
+    (128, 32, 8, 3),
+    (64, 32, 4, 2),
+    (32, 32, 4, 4),
+    (128, 64, 8, 2),
+    (64, 64, 4, 3),
+    (128, 32, 4, 3),
+    (32, 64, 4, 3),
 ]
 
 

@@ -36,9 +36,15 @@ def explain(model, prompt, fast, ref) -> dict:
     logits = model(torch.tensor([prompt + fast[:i]], device=model.device)).logits[0, -1].float()
     top = logits.topk(2)
     pick = lambda seq: logits[seq[i]].item() if i < len(seq) else None  # noqa: E731
-    return {"first_differing_token": i, "top2_gap": (top.values[0] - top.values[1]).item(),
-            "triton_logit": pick(fast), "reference_logit": pick(ref), "top1": top.indices[0].item(),
-            "triton_token": fast[i] if i < len(fast) else None, "reference_token": ref[i] if i < len(ref) else None}
+    return {
+        "first_differing_token": i,
+        "top2_gap": (top.values[0] - top.values[1]).item(),
+        "triton_logit": pick(fast),
+        "reference_logit": pick(ref),
+        "top1": top.indices[0].item(),
+        "triton_token": fast[i] if i < len(fast) else None,
+        "reference_token": ref[i] if i < len(ref) else None,
+    }
 
 
 def main() -> None:
@@ -48,8 +54,12 @@ def main() -> None:
     parser.add_argument("--bf16-paragraphs", type=int, default=200)
     parser.add_argument("--docs-per-call", type=int, default=20)
     parser.add_argument("--new", type=int, default=32)
-    parser.add_argument("--budget-s", type=float, default=float("inf"),
-                        help="stop the bf16 comparison after this many seconds (the report says how many streams)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=float("inf"),
+        help="stop the bf16 comparison after this many seconds (the report says how many streams)",
+    )
     parser.add_argument("--device", default="cuda", help="cuda (cpu only for a quick check, TRITON_INTERPRET=1)")
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
     args = parser.parse_args()

@@ -29,8 +29,10 @@ from eval.bench import build_model  # noqa: E402
 
 GROUPS = (  # (group, substrings of a kernel name), the first match wins
     ("attention", ("stream_attention", "combine_splits")),
-    ("gemm", ("gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "matmul", "cublas", "nvjet",
-              "aten::mm", "aten::addmm")),  # the last two: CPU op names (no kernels there)
+    (
+        "gemm",
+        ("gemm", "gemv", "cutlass", "sm90_xmma", "ampere", "matmul", "cublas", "nvjet", "aten::mm", "aten::addmm"),
+    ),  # the last two: CPU op names (no kernels there)
 )
 
 

@@ -334,9 +334,15 @@ def markdown(reports: list[dict], header: str) -> str:
     for r in reports:
         if "answers" in r["tree"]:
             lines += ["", f"Assembled answers ({r['workload']}):", ""]
-            lines += [f"- {m}: " + "; ".join(f"{q} = {a['answer']}" + (f" ({a['score']:.3f})" if a["score"] else "")
-                                             for q, a in r[m]["answers"].items())
-                      for m in ("alone", "staged", "staged_tree", "tree") if m in r]
+            lines += [
+                f"- {m}: "
+                + "; ".join(
+                    f"{q} = {a['answer']}" + (f" ({a['score']:.3f})" if a["score"] else "")
+                    for q, a in r[m]["answers"].items()
+                )
+                for m in ("alone", "staged", "staged_tree", "tree")
+                if m in r
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -354,26 +360,44 @@ def load_model(args):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", nargs="+", default=None, choices=["customer", "squad", "synthetic"],
-                        help="default: customer squad with SmolLM2, synthetic with --model-shape")
+    parser.add_argument(
+        "--workload",
+        nargs="+",
+        default=None,
+        choices=["customer", "squad", "synthetic"],
+        help="default: customer squad with SmolLM2, synthetic with --model-shape",
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--model-shape", choices=sorted(SHAPES), default=None,
-                        help="random weights of this shape instead of SmolLM2 (synthetic workload only)")
+    parser.add_argument(
+        "--model-shape",
+        choices=sorted(SHAPES),
+        default=None,
+        help="random weights of this shape instead of SmolLM2 (synthetic workload only)",
+    )
     parser.add_argument("--squad-questions", type=int, default=100)
     parser.add_argument("--per-paragraph", type=int, default=5, help="most SQuAD questions taken from one paragraph")
     parser.add_argument("--context-tokens", type=int, default=4096)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--candidates", type=int, default=8)
-    parser.add_argument("--attn", nargs="+", default=["auto"],
-                        help="attention path of the tree method; more paths add tree_<path> rows")
-    parser.add_argument("--methods", nargs="+", default=None,
-                        help="only these methods (alone always runs: it is the baseline of the comparison)")
+    parser.add_argument(
+        "--attn", nargs="+", default=["auto"], help="attention path of the tree method; more paths add tree_<path> rows"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="only these methods (alone always runs: it is the baseline of the comparison)",
+    )
     parser.add_argument("--max-tokens-per-forward", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU threads (torch.set_num_threads); 1 keeps timings stable on a shared CPU")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads (torch.set_num_threads); 1 keeps timings stable on a shared CPU",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "scoring")
     args = parser.parse_args()  # fmt: skip
     workloads = args.workload or (["synthetic"] if args.model_shape else ["customer", "squad"])

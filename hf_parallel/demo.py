@@ -42,7 +42,9 @@ def run(max_new_tokens: int = 48) -> None:
     answers = generate_parallel(model, tokenizer, PASSAGE, QUESTIONS, max_new_tokens=max_new_tokens)
     parallel_s = time.perf_counter() - start
     start = time.perf_counter()
-    alone = [_generate_alone(model, tokenizer, ids, max_new_tokens) for ids in render_prompts(tokenizer, PASSAGE, QUESTIONS)]
+    alone = [
+        _generate_alone(model, tokenizer, ids, max_new_tokens) for ids in render_prompts(tokenizer, PASSAGE, QUESTIONS)
+    ]
     alone_s = time.perf_counter() - start
     for question, answer in zip(QUESTIONS, answers):
         print(f"\nQ: {question}\nA: {answer}")

@@ -1,9 +1,9 @@
 """The generation loop: prefill every prompt token once, then decode all streams together.
 
-    prefill   every prompt token of the prefix tree once (shared prefixes once), in
-              slot order and chunks of `prefill_chunk`, keeping one logit row per prompt
-    decode    each step one forward over one new token per live stream, per-token
-              positions, per-stream sampling and stopping; finished streams leave
+prefill   every prompt token of the prefix tree once (shared prefixes once), in
+          slot order and chunks of `prefill_chunk`, keeping one logit row per prompt
+decode    each step one forward over one new token per live stream, per-token
+          positions, per-stream sampling and stopping; finished streams leave
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from transformers import PreTrainedModel
 
 from .attention import GRAPH_STATES, use_attention
 from .cache import PackedCache
+from .graphs import StaticRow, bucket
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .plan import AttentionPlan, SlotIds
-from .graphs import StaticRow, bucket
 from .sampling import Sampler
 
 
@@ -78,7 +78,9 @@ class _Runner:
         factory = GRAPH_STATES.get(self.attn)
         return factory(self, bucket) if factory is not None else None
 
-    def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor, step: bool = False) -> torch.Tensor:
+    def forward(
+        self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor, step: bool = False
+    ) -> torch.Tensor:
         """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`.
 
         step: a decode step, run compiled when `compile` is on (prefill chunks run as they are);

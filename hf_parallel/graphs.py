@@ -59,7 +59,7 @@ class StaticRow:
         self.graphs = DecodeGraphs()
 
     @classmethod
-    def for_model(cls, model, layout: Layout) -> "StaticRow":
+    def for_model(cls, model, layout: Layout) -> StaticRow:
         row = getattr(model, "_hf_parallel_row", None)
         if row is None or row.capacity < layout.num_slots or row.dtype != model.dtype:
             if row is not None:  # free the old row (and its graphs' memory pool) before allocating the new one
@@ -93,7 +93,7 @@ class DecodeGraphs:
         self.pool = torch.cuda.graph_pool_handle()
         self.failed = False
 
-    def bind(self, runner) -> "DecodeGraphs":
+    def bind(self, runner) -> DecodeGraphs:
         self.runner = runner
         return self
 

@@ -53,7 +53,7 @@ class ScoreQuestion:
 
     name: str
     prompt: str
-    levels: Union[dict[str, float], list[tuple[str, str, float]]]
+    levels: dict[str, float] | list[tuple[str, str, float]]
 
     def __post_init__(self):
         if isinstance(self.levels, dict):

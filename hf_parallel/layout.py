@@ -79,9 +79,7 @@ class Layout:
 
     def last_prompt_slots(self) -> torch.Tensor:
         """[P] slot of the last token of each prompt: its logits give the first new token."""
-        return torch.tensor(
-            [self.segments[s].slot_start + len(self.segments[s].tokens) - 1 for s in self.prompt_ends]
-        )
+        return torch.tensor([self.segments[s].slot_start + len(self.segments[s].tokens) - 1 for s in self.prompt_ends])
 
     def ancestors(self, seg_id: int) -> list[int]:
         """Segment ids from the root down to `seg_id` (inclusive)."""

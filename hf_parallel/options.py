@@ -87,7 +87,7 @@ class GenerationOptions:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
     @classmethod
-    def resolve(cls, model: PreTrainedModel, **user) -> "GenerationOptions":
+    def resolve(cls, model: PreTrainedModel, **user) -> GenerationOptions:
         """Merge `user` options over the model's generation config, refusing what is not supported."""
         own = {f.name for f in fields(cls)}
         for name, value in user.items():

@@ -27,7 +27,7 @@ class SlotIds:
     seg_end: torch.Tensor
 
     @classmethod
-    def from_layout(cls, layout: Layout, device: torch.device) -> "SlotIds":
+    def from_layout(cls, layout: Layout, device: torch.device) -> SlotIds:
         return cls(layout.slot_seg.to(device), layout.slot_pos.to(device), layout.seg_end.to(device))
 
 
@@ -53,7 +53,7 @@ class AttentionPlan:
     @classmethod
     def for_slots(
         cls, q_slot: torch.Tensor, ids: SlotIds, layout: Layout | None = None, kv_len: int | None = None
-    ) -> "AttentionPlan":
+    ) -> AttentionPlan:
         """Plan a forward over the tokens written at `q_slot` ([N] int64, on the ids' device).
 
         `kv_len` defaults to the last slot any query may see (a host sync); a CUDA graph

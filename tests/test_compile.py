@@ -39,7 +39,9 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 9)} - {0})
     assert 0 < _compiled_graphs() - before <= live_counts  # one graph per live count, not one per step
     before = _compiled_graphs()
-    assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn)) == got
+    assert (
+        generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn)) == got
+    )
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 

@@ -55,7 +55,9 @@ def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
     prompts = [DOC + QUESTIONS[i % len(QUESTIONS)] for i in range(work.questions)]
     calls = []
     real = bench._generate_chunk
-    monkeypatch.setattr(bench, "_generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n))
+    monkeypatch.setattr(
+        bench, "_generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n)
+    )
     res = bench.run_stock(model, prompts, work, rows=2, mode="per_chunk")
     assert calls[:2] == [(2, 3), (1, 3)]  # warm-up: each row count once at full length, untimed
     assert calls[2:] == [(2, 3), (1, 3)]  # timed: every answer token, one chunk per row count

@@ -22,13 +22,22 @@ def _qa(qid, question, *answers):
 SQUAD = {
     "version": "1.1",
     "data": [
-        {"title": "Alpha", "paragraphs": [
-            {"context": "Alpha one.", "qas": [_qa("a1", "Q a1?", "one", "one."), _qa("a2", "Q a2?", "Alpha")]},
-            {"context": "Alpha two.", "qas": [_qa("a3", "Q a3?", "two")]},
-        ]},
-        {"title": "Beta", "paragraphs": [
-            {"context": "Beta.", "qas": [_qa("b1", "Q b1?", "x"), _qa("b2", "Q b2?", "y"), _qa("b3", "Q b3?", "z")]},
-        ]},
+        {
+            "title": "Alpha",
+            "paragraphs": [
+                {"context": "Alpha one.", "qas": [_qa("a1", "Q a1?", "one", "one."), _qa("a2", "Q a2?", "Alpha")]},
+                {"context": "Alpha two.", "qas": [_qa("a3", "Q a3?", "two")]},
+            ],
+        },
+        {
+            "title": "Beta",
+            "paragraphs": [
+                {
+                    "context": "Beta.",
+                    "qas": [_qa("b1", "Q b1?", "x"), _qa("b2", "Q b2?", "y"), _qa("b3", "Q b3?", "z")],
+                },
+            ],
+        },
     ],
 }
 
@@ -104,8 +113,15 @@ def test_squad_from_a_hub_name_groups_rows_by_context(monkeypatch):
 
 
 def test_drop_from_a_hub_name_takes_each_span_as_a_gold(monkeypatch):
-    rows = [{"section_id": "s1", "query_id": "q1", "passage": "P", "question": "Who?",
-             "answers_spans": {"spans": ["Ann", "Bob", "Ann"], "types": ["span"] * 3}}]
+    rows = [
+        {
+            "section_id": "s1",
+            "query_id": "q1",
+            "passage": "P",
+            "question": "Who?",
+            "answers_spans": {"spans": ["Ann", "Bob", "Ann"], "types": ["span"] * 3},
+        }
+    ]
     _fake_datasets(monkeypatch, rows)
     (doc,) = load_drop("ucinlp/drop")
     assert doc.id == "s1" and doc.items[0].answers == ["Ann", "Bob"]
@@ -156,16 +172,34 @@ def _answer(number="", spans=(), day="", month="", year=""):
 
 
 DROP_OFFICIAL = {
-    "nfl_1": {"passage": "Passage one.", "qa_pairs": [
-        {"query_id": "q1", "question": "How many?", "answer": _answer(number="1"),
-         "validated_answers": [_answer(number="0")]},
-        {"query_id": "q2", "question": "When?", "answer": _answer(day="17", month="August"),
-         "validated_answers": [_answer(spans=["August"]), _answer(number="17"), _answer()]},
-    ]},
-    "hist_2": {"passage": "Passage two.", "qa_pairs": [
-        {"query_id": "q3", "question": "Who?", "answer": _answer(spans=["span1", "span2"]),
-         "validated_answers": [_answer(spans=["span2"])]},
-    ]},
+    "nfl_1": {
+        "passage": "Passage one.",
+        "qa_pairs": [
+            {
+                "query_id": "q1",
+                "question": "How many?",
+                "answer": _answer(number="1"),
+                "validated_answers": [_answer(number="0")],
+            },
+            {
+                "query_id": "q2",
+                "question": "When?",
+                "answer": _answer(day="17", month="August"),
+                "validated_answers": [_answer(spans=["August"]), _answer(number="17"), _answer()],
+            },
+        ],
+    },
+    "hist_2": {
+        "passage": "Passage two.",
+        "qa_pairs": [
+            {
+                "query_id": "q3",
+                "question": "Who?",
+                "answer": _answer(spans=["span1", "span2"]),
+                "validated_answers": [_answer(spans=["span2"])],
+            },
+        ],
+    },
 }
 
 
@@ -191,19 +225,37 @@ def test_drop_official_json(tmp_path):
 
 
 def _quac_qa(qid, question, orig, *answers):
-    return {"id": qid, "question": question, "followup": "y", "yesno": "x",
-            "answers": [{"text": a, "answer_start": 0} for a in answers],
-            "orig_answer": {"text": orig, "answer_start": 0}}
+    return {
+        "id": qid,
+        "question": question,
+        "followup": "y",
+        "yesno": "x",
+        "answers": [{"text": a, "answer_start": 0} for a in answers],
+        "orig_answer": {"text": orig, "answer_start": 0},
+    }
 
 
-QUAC = {"data": [{"title": "T", "section_title": "S", "background": "B", "paragraphs": [
-    {"id": "D1", "context": "Some text here. CANNOTANSWER", "qas": [
-        _quac_qa("D1_q#0", "First?", "Some text", "Some text", "text"),
-        _quac_qa("D1_q#1", "Second?", "CANNOTANSWER", "CANNOTANSWER", "CANNOTANSWER"),
-        _quac_qa("D1_q#2", "Third?", "here", "here"),
-    ]},
-    {"id": "D2", "context": "Other. CANNOTANSWER", "qas": [_quac_qa("D2_q#0", "Only?", "Other", "Other")]},
-]}]}
+QUAC = {
+    "data": [
+        {
+            "title": "T",
+            "section_title": "S",
+            "background": "B",
+            "paragraphs": [
+                {
+                    "id": "D1",
+                    "context": "Some text here. CANNOTANSWER",
+                    "qas": [
+                        _quac_qa("D1_q#0", "First?", "Some text", "Some text", "text"),
+                        _quac_qa("D1_q#1", "Second?", "CANNOTANSWER", "CANNOTANSWER", "CANNOTANSWER"),
+                        _quac_qa("D1_q#2", "Third?", "here", "here"),
+                    ],
+                },
+                {"id": "D2", "context": "Other. CANNOTANSWER", "qas": [_quac_qa("D2_q#0", "Only?", "Other", "Other")]},
+            ],
+        }
+    ]
+}
 
 
 def test_quac_dialogues_with_history(tmp_path):

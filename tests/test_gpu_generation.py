@@ -39,7 +39,9 @@ def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn):
 def test_graphs_and_eager_agree(cuda_model, attn):
     prompts = _prompts(5, 9)
     graphs = generate_tokens(cuda_model, prompts, max_new_tokens=12, eos_token_id=[], **path_options(attn))
-    eager = generate_tokens(cuda_model, prompts, max_new_tokens=12, eos_token_id=[], cuda_graphs=False, **path_options(attn))
+    eager = generate_tokens(
+        cuda_model, prompts, max_new_tokens=12, eos_token_id=[], cuda_graphs=False, **path_options(attn)
+    )
     assert graphs == eager
 
 

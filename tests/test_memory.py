@@ -15,7 +15,9 @@ from .conftest import random_tokens
 def test_cache_holds_one_copy_of_the_document(llama, n_questions, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     doc, question_len, new = random_tokens(100, gen), 3, 4
-    prompts = [doc + [3 + i] + random_tokens(question_len - 1, gen) for i in range(n_questions)]  # no shared question prefix
+    prompts = [
+        doc + [3 + i] + random_tokens(question_len - 1, gen) for i in range(n_questions)
+    ]  # no shared question prefix
     caches = []
     monkeypatch.setattr(generation, "PackedCache", lambda *a: caches.append(PackedCache(*a)) or caches[-1])
     generation.generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])

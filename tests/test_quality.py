@@ -215,7 +215,8 @@ def test_runner_end_to_end_on_a_tiny_model(tmp_path):
     limited = run(QualityConfig(data=config.data, max_new_tokens=5, limit=4, methods=("parallel", "standard")),
                   model, tokenizer)  # fmt: skip
     assert [r["predictions"]["parallel"] for r in limited["questions"]] == [
-        r["predictions"]["parallel"] for r in report["questions"][:4]]  # same answers one document per call
+        r["predictions"]["parallel"] for r in report["questions"][:4]
+    ]  # same answers one document per call
 
 
 def test_runner_on_quac_dialogues_and_batched_standard(tmp_path):
@@ -237,7 +238,9 @@ def test_stop_at_string_stops_each_row_at_its_own_string():
     rows = torch.tensor([prompt + encode("a1: x a2:"), prompt + encode("a1: x a2:"), prompt + encode("a1: a3: y")])
     stop = StopAtString(tokenizer, ["a2:", "a3:", "a3:"], len(prompt))
     assert stop(rows, None).tolist() == [True, False, True]
-    assert StopAtString(tokenizer, ["a2:"], len(prompt))(torch.tensor([prompt + encode("a1")]), None).tolist() == [False]
+    assert StopAtString(tokenizer, ["a2:"], len(prompt))(torch.tensor([prompt + encode("a1")]), None).tolist() == [
+        False
+    ]
 
 
 def test_batch_prompting_rows_batched_give_the_same_outputs(tmp_path):

@@ -21,7 +21,8 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
 pytest.importorskip("triton")
 
 from hf_parallel import generate_tokens  # noqa: E402
-from hf_parallel.attention import tiles as tile_plans, triton as launcher  # noqa: E402
+from hf_parallel.attention import tiles as tile_plans  # noqa: E402
+from hf_parallel.attention import triton as launcher
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
 from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
@@ -411,8 +412,15 @@ def test_plan_is_built_once_per_forward():
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
 E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("qwen2", {"own_tiles": True})]
-E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"layout": "interleaved"}),
-            ("gemma2", {"own_tiles": True}), ("llama", {"own_tiles": True})]
+E2E_CUDA = [
+    ("qwen2", {}),
+    ("gemma", {}),
+    ("phi3", {}),
+    ("gpt2", {}),
+    ("llama", {"layout": "interleaved"}),
+    ("gemma2", {"own_tiles": True}),
+    ("llama", {"own_tiles": True}),
+]
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ class TilePlan:
     def allocate(
         cls, layout: Layout, max_queries: int, group: int, block_m: int | None = None,
         streams_per_tile: int | None = None, device: torch.device | str = "cuda",
-    ) -> "TilePlan":  # fmt: skip
+    ) -> TilePlan:  # fmt: skip
         """An empty plan with room for any forward of up to `max_queries` queries over `layout` (a decode
         bucket); block_m defaults to what `build_tile_plan` picks for one query per stream."""
         rows = group * min(max_queries, streams_per_tile or max_queries)
@@ -72,7 +72,7 @@ class TilePlan:
                    block_m, group, members * depth)  # fmt: skip
         return plan.to(device)
 
-    def fill_(self, plan: "TilePlan") -> "TilePlan":
+    def fill_(self, plan: TilePlan) -> TilePlan:
         """Overwrite these buffers in place with `plan` (same block_m and group, no more tiles or ranges)."""
         if (plan.block_m, plan.group) != (self.block_m, self.group):
             raise ValueError(f"plan has block_m={plan.block_m}, group={plan.group}; "
@@ -89,7 +89,7 @@ class TilePlan:
         self.limits[:ranges].copy_(plan.limits)
         return self
 
-    def to(self, device) -> "TilePlan":
+    def to(self, device) -> TilePlan:
         tensors = (self.tile_query, self.range_ptr, self.ranges, self.limits)
         return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
 
@@ -112,10 +112,10 @@ class SplitTiles:
     shared: TilePlan
     own: TilePlan
 
-    def to(self, device) -> "SplitTiles":
+    def to(self, device) -> SplitTiles:
         return SplitTiles(self.shared.to(device), self.own.to(device))
 
-    def fill_(self, plan: "SplitTiles") -> "SplitTiles":
+    def fill_(self, plan: SplitTiles) -> SplitTiles:
         self.shared.fill_(plan.shared)
         self.own.fill_(plan.own)
         return self

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
@@ -60,8 +59,8 @@ def _stream_attention_op(
     q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
     tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
     block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
-    own_tile_query: Optional[torch.Tensor], own_range_ptr: Optional[torch.Tensor], own_ranges: Optional[torch.Tensor],
-    own_limits: Optional[torch.Tensor], own_block_m: int, own_max_tile_ranges: int,
+    own_tile_query: torch.Tensor | None, own_range_ptr: torch.Tensor | None, own_ranges: torch.Tensor | None,
+    own_limits: torch.Tensor | None, own_block_m: int, own_max_tile_ranges: int,
 ) -> torch.Tensor:  # fmt: skip
     """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op
     (the own_* tensors: the own plan of `SplitTiles`, None without one)."""
@@ -98,8 +97,10 @@ def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> Til
         if plan.layout is None:
             raise ValueError("the Triton attention path plans its tiles from the layout: build the plan with one")
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("a captured forward cannot plan its tiles (a host sync): put a `TilePlan.allocate`d "
-                               "plan in pp_plan.cache['triton_plan'] before capture and `fill_` it between replays")
+            raise RuntimeError(
+                "a captured forward cannot plan its tiles (a host sync): put a `TilePlan.allocate`d "
+                "plan in pp_plan.cache['triton_plan'] before capture and `fill_` it between replays"
+            )
         spt = plan.cache.get("streams_per_tile")
         if plan.cache.get("own_tiles"):
             split = build_split_plans(plan.layout, plan.q_slot, group, None, None, spt, device)

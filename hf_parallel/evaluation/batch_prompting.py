@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 _INSTRUCTION = (
     "Read the document, then answer every question below. Keep each answer short "
     "(a few words, taken from the document where possible). Write one answer per line, "
-    "in the same order as the questions, in the form \"A<number>: <answer>\" "
+    'in the same order as the questions, in the form "A<number>: <answer>" '
     "(A1 answers Q1, A2 answers Q2, and so on)."
 )
 

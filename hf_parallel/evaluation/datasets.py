@@ -12,9 +12,10 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 Source = Union[str, os.PathLike]
 _PATH_SUFFIXES = (".json", ".jsonl", ".gz", ".zip")
@@ -34,7 +35,7 @@ class QAItem:
     answer_spans: tuple[tuple[str, ...], ...] = ()
 
     @property
-    def drop_references(self) -> list[Union[str, tuple[str, ...]]]:
+    def drop_references(self) -> list[str | tuple[str, ...]]:
         """Gold answers in the form ``metrics.drop_em_f1`` scores most faithfully."""
         return list(self.answer_spans) if self.answer_spans else list(self.answers)
 
@@ -127,10 +128,7 @@ def load_squad(source: Source, limit_questions: int | None = None) -> list[QADoc
     documents = []
     for article in json.loads(_read_text(path))["data"]:
         for index, paragraph in enumerate(article["paragraphs"]):
-            items = [
-                QAItem(qa["id"], qa["question"], [a["text"] for a in qa["answers"]])
-                for qa in paragraph["qas"]
-            ]
+            items = [QAItem(qa["id"], qa["question"], [a["text"] for a in qa["answers"]]) for qa in paragraph["qas"]]
             documents.append(QADocument(f"{article['title']}/{index}", paragraph["context"], items))
     return _limit(documents, limit_questions)
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -102,8 +103,7 @@ def _tokenize(text: str) -> list[str]:
 def _normalize_answer(text: str) -> str:
     """Lower text and remove punctuation, articles and extra whitespace, per token."""
     parts = [
-        " ".join(_remove_articles(_normalize_number(_remove_punc(token.lower()))).split())
-        for token in _tokenize(text)
+        " ".join(_remove_articles(_normalize_number(_remove_punc(token.lower()))).split()) for token in _tokenize(text)
     ]
     return " ".join(part for part in parts if part.strip()).strip()
 
@@ -218,10 +218,7 @@ def quac_f1(prediction: str, gold_answers: Sequence[str]) -> float:
     refs = quac_handle_cannot(gold_answers)
     if len(refs) == 1:
         return _quac_span_f1(prediction, refs[0])
-    held_out = [
-        max(_quac_span_f1(prediction, r) for j, r in enumerate(refs) if j != i)
-        for i in range(len(refs))
-    ]
+    held_out = [max(_quac_span_f1(prediction, r) for j, r in enumerate(refs) if j != i) for i in range(len(refs))]
     return sum(held_out) / len(held_out)
 
 

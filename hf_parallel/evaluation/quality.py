@@ -24,9 +24,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -38,8 +38,16 @@ from ..generation import generate_tokens
 from ..prompting import render_prompts
 from .batch_prompting import build_batch_prompt, parse_batch_answers
 from .datasets import QADocument, QAItem, load_drop, load_quac, load_squad
-from .metrics import CANNOTANSWER, HUMAN_F1_MIN, drop_em_f1, quac_f1, quac_human_f1, quac_scores
-from .metrics import squad_exact_match, squad_f1
+from .metrics import (
+    CANNOTANSWER,
+    HUMAN_F1_MIN,
+    drop_em_f1,
+    quac_f1,
+    quac_human_f1,
+    quac_scores,
+    squad_exact_match,
+    squad_f1,
+)
 
 DATASETS = {"squad": load_squad, "drop": load_drop, "quac": load_quac}
 METHODS = ("standard", "parallel", "batch")
@@ -329,8 +337,12 @@ def paired_bootstrap(base, other, resamples: int = 1000, seed: int = 0, level: f
     if diff.size == 0:
         return {"mean": 0.0, "lo": 0.0, "hi": 0.0, "resamples": resamples}
     rng = np.random.default_rng(seed)
-    means = np.concatenate([diff[rng.integers(0, diff.size, (min(500, resamples - s), diff.size))].mean(1)
-                            for s in range(0, resamples, 500)])  # fmt: skip  (chunks bound the index memory)
+    means = np.concatenate(
+        [
+            diff[rng.integers(0, diff.size, (min(500, resamples - s), diff.size))].mean(1)
+            for s in range(0, resamples, 500)
+        ]
+    )  # fmt: skip  (chunks bound the index memory)
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return {"mean": float(diff.mean()), "lo": float(lo), "hi": float(hi), "resamples": resamples}
 
@@ -461,16 +473,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=default.max_new_tokens)
     parser.add_argument("--standard-batch-size", type=int, default=default.standard_batch_size)
     parser.add_argument("--docs-per-call", type=int, default=default.docs_per_call)
-    parser.add_argument("--batch-rows", type=int, default=default.batch_rows,
-                        help="batch-prompting sequences per left-padded model.generate call")
+    parser.add_argument(
+        "--batch-rows",
+        type=int,
+        default=default.batch_rows,
+        help="batch-prompting sequences per left-padded model.generate call",
+    )
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=default.dtype)
     parser.add_argument("--device", default=default.device, help="cpu or cuda[:N]")
     parser.add_argument("--attn", default=default.attn, help="generate_tokens' attention path")
     parser.add_argument("--resamples", type=int, default=default.resamples)
     parser.add_argument("--seed", type=int, default=default.seed)
     parser.add_argument("--out", help="JSON report path; the table goes beside it as .md")
-    parser.add_argument("--checkpoint", help="JSON-lines file of finished generate calls; run again with the same "
-                        "file, an interrupted run skips the calls it holds (wall time: the calls' own seconds)")
+    parser.add_argument(
+        "--checkpoint",
+        help="JSON-lines file of finished generate calls; run again with the same "
+        "file, an interrupted run skips the calls it holds (wall time: the calls' own seconds)",
+    )
 
 
 def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
