@@ -16,11 +16,10 @@ from typing import Union
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .prompting import _chat_ids
+from .prompting import render_prompt
 from .scoring import score_tree
 
 TEMPLATE = "{context}\n\n{question}\n\n{judgment}"
-PLAIN_SUFFIX = "\nAnswer:"  # closes the prompt when there is no chat template
 JUDGMENT = 'Does "{label}: {definition}" apply? Answer yes or no.'
 JUDGMENT_BARE = 'Does "{label}" apply? Answer yes or no.'
 YES_NO = "Answer yes or no."
@@ -191,16 +190,7 @@ def _encodings(tokenizer, words) -> list[list[int]]:
 
 def _render(tokenizer, template, context, question, judgment, use_chat_template, system_prompt) -> list[int]:
     text = template.format(context=context, question=question, judgment=judgment)
-    has_template = getattr(tokenizer, "chat_template", None) is not None
-    if use_chat_template is None:
-        use_chat_template = has_template
-    if use_chat_template and not has_template:
-        raise ValueError("use_chat_template=True but the tokenizer has no chat template")
-    if use_chat_template:
-        return _chat_ids(tokenizer, text, system_prompt)
-    if system_prompt is not None:
-        raise ValueError("system_prompt needs a chat template; put it in `template` instead")
-    return tokenizer(text + PLAIN_SUFFIX)["input_ids"]
+    return render_prompt(tokenizer, text, use_chat_template, system_prompt)
 
 
 def _p_yes(logprobs: list[torch.Tensor], n_yes: int) -> float:

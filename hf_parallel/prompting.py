@@ -1,13 +1,62 @@
-"""Text in, text out: render document + question prompts, generate in parallel, decode."""
+"""Text in, text out: the one prompt renderer, and `generate_parallel` on top of it.
+
+Every prompt the package builds (questions about a document, judgments, evaluation
+prompts, dialogue turns) goes through `render_prompt`, so a prompt is tokenized the
+same way wherever it is made: with the tokenizer's chat template when it has one,
+else as plain text that ends by asking for the answer.
+"""
 
 from __future__ import annotations
+
+import string
+from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .generation import generate_tokens
+from .inputs import check_text, eos_token_ids
 
-PLAIN_TEMPLATE = "{document}\n\nQuestion: {question}\nAnswer:"
+PLAIN_TEMPLATE = "{document}\n\nQuestion: {question}"  # without a chat template; PLAIN_ANSWER follows
 CHAT_TEMPLATE = "{document}\n\n{question}"  # the user turn when the tokenizer has a chat template
+PLAIN_ANSWER = "\nAnswer:"  # closes a plain-text user turn
+TEMPLATE_FIELDS = ("document", "question")
+
+Turns = str | Sequence[tuple[str, str | None]]
+
+
+def render_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    turns: Turns,
+    use_chat_template: bool | None = None,
+    system_prompt: str | None = None,
+    plain_answer: str = PLAIN_ANSWER,
+) -> list[int]:
+    """Token ids of one prompt, ending where the model's answer starts.
+
+    turns: the user's text, or a dialogue `[(user, answer), ..., (user, None)]` whose
+        earlier answers are given.
+    With a chat template (default when the tokenizer has one) the turns are user and
+    assistant messages after an optional system message, generation prompt added.
+    Without one, each user text is followed by `plain_answer` and its answer, a turn per line.
+    """
+    turns = [(turns, None)] if isinstance(turns, str) else list(turns)
+    has_template = getattr(tokenizer, "chat_template", None) is not None
+    if use_chat_template is None:
+        use_chat_template = has_template
+    if use_chat_template and not has_template:
+        raise ValueError("use_chat_template=True but the tokenizer has no chat template")
+    if not use_chat_template:
+        if system_prompt is not None:
+            raise ValueError("system_prompt needs a chat template; put it in the template instead")
+        text = "\n".join(user + plain_answer + (f" {answer}" if answer is not None else "") for user, answer in turns)
+        return tokenizer(text)["input_ids"]
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    for user, answer in turns:
+        messages.append({"role": "user", "content": user})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": answer})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def render_prompts(
@@ -20,30 +69,32 @@ def render_prompts(
 ) -> list[list[int]]:
     """Token ids of each question's complete prompt, exactly as it would be tokenized alone.
 
-    With a chat template (default when the tokenizer has one), document and question
-    form the user turn (`template`, default "{document}\\n\\n{question}") and the
-    generation prompt is added; otherwise `template` defaults to
-    "{document}\\n\\nQuestion: {question}\\nAnswer:".
+    `template` fills the user turn from "{document}" and "{question}" (default
+    "{document}\\n\\n{question}" with a chat template, "{document}\\n\\nQuestion: {question}"
+    without one); see `render_prompt` for the rest.
     """
-    if use_chat_template is None:
-        use_chat_template = getattr(tokenizer, "chat_template", None) is not None
-    if use_chat_template and getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError("use_chat_template=True but the tokenizer has no chat template")
-    if system_prompt is not None and not use_chat_template:
-        raise ValueError("system_prompt needs a chat template; put it in `template` instead")
-    if use_chat_template:
-        return [_chat_ids(tokenizer, (template or CHAT_TEMPLATE).format(document=document, question=q), system_prompt)
-                for q in questions]  # fmt: skip
-    text = template or PLAIN_TEMPLATE
-    return [tokenizer(text.format(document=document, question=q))["input_ids"] for q in questions]
-
-
-def _chat_ids(tokenizer, user: str, system_prompt: str | None) -> list[int]:
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-        {"role": "user", "content": user}
+    use_chat = getattr(tokenizer, "chat_template", None) is not None if use_chat_template is None else use_chat_template
+    template = check_template(template or (CHAT_TEMPLATE if use_chat else PLAIN_TEMPLATE))
+    return [
+        render_prompt(tokenizer, template.format(document=document, question=q), use_chat_template, system_prompt)
+        for q in questions
     ]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def check_template(template: str) -> str:
+    """Refuse a template that would ask every question alike, or that names fields it is not given."""
+    if not isinstance(template, str):
+        raise TypeError(f"template must be a string, got {type(template).__name__}")
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise ValueError(f"template {template!r} is not a valid format string: {err}") from None
+    unknown = sorted(fields - set(TEMPLATE_FIELDS))
+    if unknown:
+        raise ValueError(f"template {template!r} names {unknown}; it may use only {{document}} and {{question}}")
+    if "question" not in fields:
+        raise ValueError(f"template {template!r} has no {{question}} field, so every question would get one prompt")
+    return template
 
 
 def generate_parallel(
@@ -63,28 +114,14 @@ def generate_parallel(
     `do_sample`, `temperature`, `top_k`, `top_p`, `eos_token_id`, `min_new_tokens`,
     `seed`, ...), defaulting to the model's generation_config.
     """
-    if isinstance(questions, str):
-        raise TypeError("questions must be a list of strings, not one string")
+    check_text("document", document)
+    if isinstance(questions, str) or not isinstance(questions, Sequence):
+        raise TypeError(f"questions must be a list of strings, got {type(questions).__name__}")
     if not questions:
         return []
-    if not document or not document.strip():
-        raise ValueError("the document is empty")
     for i, q in enumerate(questions):
-        if not isinstance(q, str) or not q.strip():
-            raise ValueError(f"question {i} is empty or not a string: {q!r}")
-    options.setdefault("eos_token_id", _eos_ids(model, tokenizer))
+        check_text(f"question {i}", q)
+    options.setdefault("eos_token_id", eos_token_ids(model, tokenizer))
     prompts = render_prompts(tokenizer, document, questions, template, use_chat_template, system_prompt)
     answers = generate_tokens(model, prompts, **options)
     return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError(
-            "neither the model's generation_config nor the tokenizer defines an EOS token, so answers would never "
-            "stop; pass eos_token_id=... (or set tokenizer.eos_token)"
-        )
-    return eos

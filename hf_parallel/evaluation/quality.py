@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..generation import generate_tokens
-from ..prompting import render_prompts
+from ..inputs import eos_token_ids
+from ..prompting import render_prompt, render_prompts
 from .batch_prompting import build_batch_prompt, parse_batch_answers
 from .datasets import QADocument, QAItem, load_drop, load_quac, load_squad
 from .metrics import (
@@ -116,7 +117,7 @@ def question_prompts(tokenizer, dataset: str, document: QADocument) -> list[list
     """Each question's complete prompt (token ids), as it would be asked alone."""
     if dataset == "quac":
         return [quac_prompt(tokenizer, document.text, item) for item in document.items]
-    template = "{document}\n\n" + INSTRUCTIONS[dataset] + "\nQuestion: {question}" + _plain_suffix(tokenizer)
+    template = "{document}\n\n" + INSTRUCTIONS[dataset] + "\nQuestion: {question}"
     return render_prompts(tokenizer, document.text, [item.question for item in document.items], template)
 
 
@@ -124,27 +125,13 @@ def quac_prompt(tokenizer, document: str, item: QAItem) -> list[int]:
     """A dialogue turn: earlier turns as question/answer pairs, so each turn's prompt extends the last."""
     turns = [(q, ABSTAIN if a == CANNOTANSWER else a.strip()) for q, a in item.history] + [(item.question, None)]
     header = f"{document}\n\n{INSTRUCTIONS['quac']}\n"
-    if _plain_suffix(tokenizer):
-        text = header + "\n".join(f"Question: {q}\nAnswer:" + (f" {a}" if a is not None else "") for q, a in turns)
-        return tokenizer(text)["input_ids"]
-    messages = []
-    for i, (question, answer) in enumerate(turns):
-        messages.append({"role": "user", "content": (header if i == 0 else "") + f"Question: {question}"})
-        if answer is not None:
-            messages.append({"role": "assistant", "content": answer})
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return render_prompt(tokenizer, [(header * (i == 0) + f"Question: {q}", a) for i, (q, a) in enumerate(turns)])
 
 
 def batch_prompt(tokenizer, document: QADocument) -> list[int]:
     """All of the document's questions in one prompt (the batch-prompting baseline)."""
     text = build_batch_prompt(document.text, [item.question for item in document.items])
-    return render_prompts(tokenizer, text, [""], "{document}")[0]  # the text ends with "Answers:" already
-
-
-def _plain_suffix(tokenizer) -> str:
-    """Without a chat template the prompt is plain text, which ends by asking for the answer."""
-    return "" if getattr(tokenizer, "chat_template", None) is not None else "\nAnswer:"
+    return render_prompt(tokenizer, text, plain_answer="")  # the text ends with "Answers:" already
 
 
 def postprocess(text: str, dataset: str) -> str:
@@ -396,7 +383,7 @@ def table(report: dict) -> str:
 
 def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfig, model_name: str = "") -> dict:
     """Run every method on `documents`, score them and summarize; the report as a JSON-able dict."""
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_token_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     items = [(d, item) for d in documents for item in d.items]
     per_document = [question_prompts(tokenizer, config.dataset, d) for d in documents]
@@ -453,14 +440,6 @@ def _checkpoint_header(config: QualityConfig, items, model_name: str) -> dict:
             "attn")  # fmt: skip
     return {"hf_parallel_quality_checkpoint": 1, "model": model_name, "questions": len(items), "question_ids": ids,
             **{k: getattr(config, k) for k in keep}}  # fmt: skip
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    eos = tokenizer.eos_token_id if eos is None else eos
-    if eos is None:
-        raise ValueError("neither the model's generation_config nor the tokenizer defines an EOS token")
-    return [eos] if isinstance(eos, int) else list(eos)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,103 @@
+"""Checks of what users hand in, made before any model work, each error naming the argument.
+
+One place for the checks that generation, scoring, judging and evaluation share: the
+model, token sequences, texts and the EOS tokens.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+
+def check_text(name: str, text) -> None:
+    """A non-empty string, or a TypeError / ValueError naming `name`."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"{name} is empty")
+
+
+def as_token_lists(name: str, sequences) -> list[list[int]]:
+    """`sequences` as lists of ints: a list of token-id lists (or 1-D tensors), or a 2-D tensor, one row each."""
+    if isinstance(sequences, torch.Tensor):
+        if sequences.dim() != 2:
+            raise TypeError(
+                f"{name} must be a list of token-id lists or a 2-D tensor; got a {sequences.dim()}-D tensor "
+                "(one prompt: wrap it in a list)"
+            )
+        sequences = list(sequences)
+    if isinstance(sequences, (str, bytes)) or not isinstance(sequences, Sequence):
+        raise TypeError(f"{name} must be a list of token-id lists, got {type(sequences).__name__}")
+    return [_as_ids(f"{name}[{i}]", seq) for i, seq in enumerate(sequences)]
+
+
+def _as_ids(name: str, seq) -> list[int]:
+    if isinstance(seq, torch.Tensor):
+        if seq.dim() != 1 or seq.dtype.is_floating_point or seq.dtype == torch.bool:
+            raise TypeError(f"{name} must be a 1-D integer tensor, got {seq.dim()}-D {seq.dtype}")
+        return seq.tolist()
+    if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
+        raise TypeError(f"{name} must be a list of token ids, got {type(seq).__name__} (tokenize text first)")
+    bad = next((t for t in seq if not _is_int(t)), None)
+    if bad is not None:
+        raise TypeError(f"{name} must hold integer token ids, got {type(bad).__name__} {bad!r}")
+    return [int(t) for t in seq]
+
+
+def _is_int(value) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return isinstance(value, int) and not isinstance(value, bool) or type(value).__name__.startswith(("int", "uint"))
+
+
+def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
+    """Refuse an empty sequence, ids outside the vocabulary, and `len(tokens) + room` past the model's positions."""
+    config = model.config.get_text_config()
+    limit, vocab = getattr(config, "max_position_embeddings", None), config.vocab_size
+    if len(tokens) == 0:
+        raise ValueError(f"{name} is empty")
+    if min(tokens) < 0 or max(tokens) >= vocab:
+        raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
+    if limit is not None and len(tokens) + room > limit:
+        extra = f"; with max_new_tokens={room} it" if room else ", which"
+        raise ValueError(
+            f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions (max_position_embeddings)"
+        )
+
+
+def check_model(model: PreTrainedModel) -> None:
+    """Refuse models the packed row cannot serve, naming the reason."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    config = model.config.get_text_config()
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise NotImplementedError(f"{name} is an encoder-decoder model; hf_parallel serves decoder-only causal LMs")
+    if not getattr(model, "_supports_attention_backend", False):
+        raise NotImplementedError(
+            f"{name} does not route attention through transformers' AttentionInterface, so hf_parallel cannot "
+            "apply its stream mask"
+        )
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise NotImplementedError(f"{name}.forward takes no position_ids; per-stream positions need them")
+    if getattr(config, "attention_chunk_size", None):
+        raise NotImplementedError(f"{name} uses chunked attention (attention_chunk_size), which hf_parallel lacks")
+    if model.training:
+        raise ValueError("put the model in eval mode (model.eval()) before generating")
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:
+    """The EOS tokens answers stop at: the model's generation_config's, else the tokenizer's."""
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise ValueError(
+            "neither the model's generation_config nor the tokenizer defines an EOS token, so answers would never "
+            "stop; pass eos_token_id=... (or set tokenizer.eos_token)"
+        )
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
