@@ -13,21 +13,13 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from hf_parallel.evaluation.config import QualityConfig, add_arguments
 from hf_parallel.evaluation.datasets import load_quac
+from hf_parallel.evaluation.methods import StopAtString
 from hf_parallel.evaluation.metrics import squad_f1
-from hf_parallel.evaluation.quality import (
-    QualityConfig,
-    StopAtString,
-    add_arguments,
-    main,
-    merge_reports,
-    paired_bootstrap,
-    parse_config,
-    postprocess,
-    question_prompts,
-    read_report,
-    run,
-)
+from hf_parallel.evaluation.prompts import postprocess, question_prompts
+from hf_parallel.evaluation.quality import main, parse_config, run
+from hf_parallel.evaluation.report import merge_reports, paired_bootstrap, read_report
 
 from .conftest import VOCAB, tiny_model
 
@@ -178,7 +170,8 @@ def test_every_config_field_has_exactly_one_flag():
 @pytest.mark.parametrize("bad, match", [
     (dict(dataset="nq"), "dataset"), (dict(dataset="quac"), "offline"), (dict(methods=("greedy",)), "methods"),
     (dict(methods=()), "methods"), (dict(limit=0), "limit"), (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(standard_batch_size=0), "standard_batch_size"), (dict(batch_rows=0), "batch_rows"), (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
+    (dict(standard_batch_size=0), "standard_batch_size"), (dict(batch_rows=0), "batch_rows"),
+    (dict(dtype="int8"), "dtype"), (dict(device="tpu"), "device"),
 ])  # fmt: skip
 def test_config_refuses_bad_values(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -282,28 +275,28 @@ def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
 def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     """A run cut after some generate calls, run again with its checkpoint, runs only the other calls and gives the
     uninterrupted run's answers; a line cut short is ignored; another run's checkpoint is refused."""
-    import hf_parallel.evaluation.quality as quality
+    import hf_parallel.evaluation.methods as methods
 
     model, tokenizer = _tiny("llama"), char_tokenizer()
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, resamples=50,
                            checkpoint=str(tmp_path / "run.jsonl"))  # fmt: skip
     whole = run(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
-    calls, real = [], quality._generate_rows
-    monkeypatch.setattr(quality, "_generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
-    real_tokens = quality.generate_tokens
+    calls, real = [], methods._generate_rows
+    monkeypatch.setattr(methods, "_generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_tokens = methods.generate_tokens
 
     def interrupted(*args, **kwargs):  # the parallel method's second call never finishes
         if sum(1 for line in open(config.checkpoint) if '"parallel"' in line) == 1:
             raise KeyboardInterrupt
         return real_tokens(*args, **kwargs)
 
-    monkeypatch.setattr(quality, "generate_tokens", interrupted)
+    monkeypatch.setattr(methods, "generate_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(config, model, tokenizer)
     standard_calls = len(calls)  # one per question: the standard method finished
     with open(config.checkpoint, "a") as f:
         f.write('{"method": "parallel", "call": 1, "indi')  # a line cut short by the interruption
-    monkeypatch.setattr(quality, "generate_tokens", real_tokens)
+    monkeypatch.setattr(methods, "generate_tokens", real_tokens)
     calls.clear()
     resumed = run(config, model, tokenizer)
     assert resumed["resumed_calls"] == {"standard": standard_calls, "parallel": 1, "batch": 0}

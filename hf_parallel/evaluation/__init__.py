@@ -1,1 +1,6 @@
-"""Answer-quality evaluation: dataset loaders, official metrics, batch-prompting baseline."""
+"""Answer-quality evaluation of parallel prompting against standard and batch prompting.
+
+`quality` is the runner and its command line; it puts together `config` (the run's
+settings and flags), `datasets` (loaders), `prompts`, `methods` (the generate calls),
+`checkpoint`, `metrics` (the official scorers), `batch_prompting` and `report`.
+"""
