@@ -15,9 +15,9 @@ import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
-Source = Union[str, os.PathLike]
+Source = str | os.PathLike
 _PATH_SUFFIXES = (".json", ".jsonl", ".gz", ".zip")
 
 

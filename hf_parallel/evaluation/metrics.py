@@ -11,7 +11,6 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
@@ -72,7 +71,7 @@ def squad_f1(prediction: str, ground_truths: Sequence[str]) -> float:
 # decimal point and "2.0" == "2"; multi-span answers are compared bag by bag after an
 # optimal one-to-one alignment.
 
-DropAnswer = Union[str, Sequence[str]]
+DropAnswer = str | Sequence[str]
 
 
 def _is_number(text: str) -> bool:
