@@ -10,6 +10,10 @@ from pathlib import Path
 from .config import QualityConfig
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that belongs to another run (other questions, model or settings)."""
+
+
 class Checkpoint:
     """A run's finished generate calls, one JSON line each after a header line saying which run it is.
 
@@ -22,8 +26,8 @@ class Checkpoint:
         if self.path.exists() and self.path.stat().st_size:
             lines = self.path.read_text().splitlines()
             if _json_line(lines[0]) != header:
-                raise ValueError(f"{self.path} is the checkpoint of another run (its first line: {lines[0][:300]}); "
-                                 "pass another --checkpoint file or delete it")  # fmt: skip
+                raise CheckpointError(f"{self.path} is the checkpoint of another run (its first line: "
+                                      f"{lines[0][:300]}); pass another --checkpoint file or delete it")  # fmt: skip
             for record in filter(None, map(_json_line, lines[1:])):
                 self.done[(record["method"], record["call"])] = record
         else:

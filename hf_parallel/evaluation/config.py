@@ -6,9 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .datasets import load_drop, load_quac, load_squad
+from .sources import DATASETS
 
-DATASETS = {"squad": load_squad, "drop": load_drop, "quac": load_quac}
 METHODS = ("standard", "parallel", "batch")
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 OFFLINE_DATA = {"squad": "squad-dev-v1.1.json.zip", "drop": "drop-dev.jsonl.gz"}  # QuAC has no offline copy
@@ -38,7 +37,9 @@ class QualityConfig:
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {self.dataset!r}")
         if self.data is None and self.dataset not in OFFLINE_DATA:
-            raise ValueError(f"{self.dataset} has no offline copy; pass data= (the official val_v0.2.json)")
+            raise ValueError(
+                f"{self.dataset} has no offline copy; pass data= (--data FILE), the official val_v0.2.json"
+            )
         self.data = self.data or str(SHARED_DATA / OFFLINE_DATA[self.dataset])
         self.methods = tuple(dict.fromkeys(self.methods))
         if not self.methods or not set(self.methods) <= set(METHODS):

@@ -29,12 +29,13 @@ from tqdm.auto import tqdm
 
 from ..inputs import eos_token_ids
 from .batch_prompting import parse_batch_answers
-from .checkpoint import Checkpoint, checkpoint_header
-from .config import DATASETS, OFFLINE_DATA, SHARED_DATA, QualityConfig, add_arguments  # noqa: F401 (the notebook)
+from .checkpoint import Checkpoint, CheckpointError, checkpoint_header
+from .config import OFFLINE_DATA, SHARED_DATA, QualityConfig, add_arguments
 from .datasets import QADocument
 from .methods import batch_calls, execute, parallel_calls, standard_calls
 from .prompts import batch_prompt, postprocess, question_prompts
 from .report import merge_reports, read_report, score, summarize, table
+from .sources import FORMATS, DatasetFileError, load_documents
 
 
 def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfig, model_name: str = "") -> dict:
@@ -90,8 +91,11 @@ def _environment(load_before) -> dict:
 
 
 def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
-    """Load the data (and SmolLM2 unless given a model), evaluate, write JSON and table, print the table."""
-    documents = DATASETS[config.dataset](config.data, config.limit)
+    """Load the data (and SmolLM2 unless given a model), evaluate, write JSON and table, print the table.
+
+    Data that cannot be read raises `DatasetFileError`; a checkpoint of another run, `CheckpointError`.
+    """
+    documents = _load_documents(config)
     name = type(model).__name__ if model is not None else "SmolLM2-135M-Instruct"
     if model is None:
         from ..models import load_smollm2
@@ -104,13 +108,31 @@ def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
     return report
 
 
-def merge_main(argv: list[str] | None = None) -> None:
+def _load_documents(config: QualityConfig) -> list[QADocument]:
+    """The config's documents; the offline copy, when it is the default and absent, gets its own message."""
+    offline = SHARED_DATA / OFFLINE_DATA[config.dataset] if config.dataset in OFFLINE_DATA else None
+    if offline is not None and config.data == str(offline) and not offline.exists():
+        raise DatasetFileError(f"the offline copy of {config.dataset} was not found at {offline}; pass --data FILE "
+                               f"({FORMATS[config.dataset]}) or a `datasets` name")  # fmt: skip
+    return load_documents(config.dataset, config.data, config.limit)
+
+
+def merge_main(argv: list[str] | None = None, prog: str = "quality.py merge") -> None:
     """`python eval/quality.py merge A.json B.json --out C.json`: see `merge_reports`."""
-    parser = argparse.ArgumentParser(prog="quality.py merge", description=merge_reports.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=merge_reports.__doc__)
     parser.add_argument("reports", nargs="+", help="report JSONs (.json or .json.gz)")
     parser.add_argument("--out", required=True, help="merged JSON path; the table goes beside it as .md")
     args = parser.parse_args(argv)
-    report = merge_reports([read_report(p) for p in args.reports])
+    reports = []
+    for path in args.reports:
+        try:
+            reports.append(read_report(path))
+        except (OSError, ValueError) as error:  # missing, not gzip, not JSON, not a report
+            parser.error(f"cannot read the report {path}: {error}")
+    try:
+        report = merge_reports(reports)
+    except ValueError as error:  # reports of other questions, models or settings
+        parser.error(str(error))
     _write(report, Path(args.out))
     print(table(report))
 
@@ -123,14 +145,30 @@ def _write(report: dict, out: Path) -> None:
 
 
 def parse_config(argv: list[str] | None = None, prog: str | None = None) -> QualityConfig:
-    formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=formatter)
-    add_arguments(parser)
-    return QualityConfig(**vars(parser.parse_args(argv)))
+    """The config from command-line flags; a value the config refuses is a usage error (exit status 2)."""
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        return QualityConfig(**vars(args))
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> None:
+    """`python eval/quality.py [flags]` or `... merge A.json B.json --out C.json`; wrong input is a usage error."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["merge"]:
-        return merge_main(argv[1:])
-    run(parse_config(argv, prog))
+        return merge_main(argv[1:], f"{prog} merge" if prog else "quality.py merge")
+    config = parse_config(argv, prog)
+    try:
+        run(config)
+    except (DatasetFileError, CheckpointError) as error:  # the user's --data or --checkpoint, not a bug
+        _parser(prog).error(str(error))
+
+
+def _parser(prog: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser)
+    return parser

@@ -17,6 +17,7 @@ from .config import METHODS, QualityConfig
 from .datasets import QAItem
 from .metrics import HUMAN_F1_MIN, drop_em_f1, quac_f1, quac_human_f1, quac_scores, squad_exact_match, squad_f1
 
+_REPORT_KEYS = ("dataset", "model", "config", "summary", "questions")  # what merge_reports reads
 _BATCHING = {"standard": "standard_batch_size", "parallel": "docs_per_call", "batch": "batch_rows"}
 
 
@@ -131,8 +132,12 @@ def merge_reports(reports: list[dict]) -> dict:
 
 
 def read_report(path: str | Path) -> dict:
-    """A report JSON written by `run` (gzipped when the name ends in .gz)."""
+    """A report JSON written by `run` (gzipped when the name ends in .gz); ValueError if it is not one."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
-        return json.load(f)
+        report = json.load(f)
+    missing = [k for k in _REPORT_KEYS if not isinstance(report, dict) or k not in report]
+    if missing:
+        raise ValueError(f"not a report written by `run` (it has no {', '.join(missing)})")
+    return report

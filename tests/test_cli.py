@@ -1,0 +1,160 @@
+"""The command line answers a user's mistakes with a usage error (`prog: error: ...` on stderr, exit
+status 2) rather than a traceback: a missing or malformed data file, an absent offline copy, flag
+values the config refuses, another run's checkpoint, reports that cannot be merged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_parallel import cli
+from hf_parallel.evaluation import config, quality
+
+from .conftest import tiny_model
+from .test_quality import char_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SQUAD_FORMAT = "SQuAD v1.1 dev JSON"
+
+
+def usage_error(capsys, argv: list[str]) -> str:
+    """`hf-parallel argv` in-process; checks it exits as a usage error and returns its stderr."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    return err
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """A usage error must come before SmolLM2 is loaded (and a test must not load it)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("hf_parallel.models.load_smollm2", refuse)
+
+
+def squad_file(tmp_path: Path) -> Path:
+    qa = {"id": "a", "question": "Who sat?", "answers": [{"text": "cat", "answer_start": 0}]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "A cat sat.", "qas": [qa]}]}]}))
+    return path
+
+
+# --------------------------------------------------------------------------- eval: the data
+
+
+def test_eval_without_the_offline_copy_says_where_it_looked(tmp_path, monkeypatch, capsys, no_model):
+    absent = tmp_path / "shared" / "data"
+    for module in (config, quality):  # the default path and the check that it exists
+        monkeypatch.setattr(module, "SHARED_DATA", absent)
+    err = usage_error(capsys, ["eval", "--limit", "3"])
+    assert "hf-parallel eval: error: the offline copy of squad was not found at" in err
+    assert str(absent / "squad-dev-v1.1.json.zip") in err and "--data FILE" in err and "`datasets` name" in err
+
+
+def _write(path: Path, content: bytes | str) -> Path:
+    path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize("name, content, error", [
+    ("missing.json", None, "FileNotFoundError"),
+    ("notes.json", "not json", "JSONDecodeError"),
+    ("list.json", "[1, 2]", "TypeError"),
+    ("other.json", '{"data": [{"title": "T"}]}', "KeyError: 'paragraphs'"),
+    ("drop.jsonl", '{"context": "x"}\n{"context": "y"}\n', "JSONDecodeError"),
+    ("archive.zip", b"not a zip", "BadZipFile"),
+    ("latin1.json", b"\xff\xfe{", "UnicodeDecodeError"),
+])  # fmt: skip
+def test_eval_names_a_data_file_it_cannot_read_and_the_format_expected(tmp_path, capsys, no_model, name, content,
+                                                                       error):  # fmt: skip
+    path = tmp_path / name if content is None else _write(tmp_path / name, content)
+    err = usage_error(capsys, ["eval", "--data", str(path)])
+    assert f"hf-parallel eval: error: cannot read {path} as the {SQUAD_FORMAT}" in err and error in err
+
+
+def test_eval_data_that_is_neither_a_file_nor_usable_as_a_datasets_name(monkeypatch, capsys, no_model):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes "import datasets" fail
+    err = usage_error(capsys, ["eval", "--data", "no-such-squad"])
+    assert "cannot read no-such-squad as the" in err and "'datasets' package" in err
+
+
+def test_eval_with_the_wrong_dataset_for_its_file(tmp_path, capsys, no_model):
+    err = usage_error(capsys, ["eval", "--dataset", "quac", "--data", str(squad_file(tmp_path))])
+    assert "as the QuAC dev JSON (val_v0.2.json" in err and "KeyError: 'id'" in err
+
+
+# --------------------------------------------------------------------------- eval and demo: flag values
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--docs-per-call", "0"], "docs_per_call must be >= 1, got 0"),
+    (["--standard-batch-size", "-2"], "standard_batch_size must be >= 1, got -2"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    (["--limit", "0"], "limit must be >= 1, got 0"),
+    (["--device", "tpu"], "device must be cpu or cuda[:N], got 'tpu'"),
+    (["--methods", "batch", "batch", "--resamples", "0"], "resamples must be >= 1, got 0"),
+    (["--dataset", "quac"], "quac has no offline copy; pass data= (--data FILE)"),
+])  # fmt: skip
+def test_eval_flag_values_the_config_refuses(monkeypatch, capsys, flags, message):
+    ran = []
+    monkeypatch.setattr(quality, "run", ran.append)
+    err = usage_error(capsys, ["eval", *flags])
+    assert f"hf-parallel eval: error: {message}" in err and not ran
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_demo_needs_a_positive_max_new_tokens(monkeypatch, capsys, value):
+    ran = []
+    monkeypatch.setattr("hf_parallel.demo.run", lambda **kwargs: ran.append(kwargs))
+    err = usage_error(capsys, ["demo", "--max-new-tokens", value])
+    assert "hf-parallel demo: error: argument --max-new-tokens:" in err and ">= 1" in err and not ran
+
+
+# --------------------------------------------------------------------------- eval: checkpoint and merge
+
+
+def test_eval_refuses_the_checkpoint_of_another_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("hf_parallel.models.load_smollm2", lambda *a, **k: (tiny_model("llama"), char_tokenizer()))
+    checkpoint = tmp_path / "run.jsonl"
+    checkpoint.write_text('{"hf_parallel_quality_checkpoint": 1, "model": "another"}\n')
+    err = usage_error(capsys, ["eval", "--data", str(squad_file(tmp_path)), "--checkpoint", str(checkpoint)])
+    assert f"hf-parallel eval: error: {checkpoint} is the checkpoint of another run" in err
+
+
+def _report(question_id: str) -> dict:
+    return {"dataset": "squad", "model": "m", "config": {}, "summary": {}, "questions": [{"id": question_id}]}
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a.json": None}, "cannot read the report {first}: [Errno 2] No such file"),
+    ({"a.json": "{}"}, "cannot read the report {first}: not a report written by `run`"),
+    ({"a.json.gz": "{}"}, "cannot read the report {first}: Not a gzipped file"),
+    ({"a.json": json.dumps(_report("x")), "b.json": json.dumps(_report("y"))}, "the reports cover different"),
+])  # fmt: skip
+def test_eval_merge_of_reports_it_cannot_read_or_merge(tmp_path, capsys, files, message):
+    paths = [tmp_path / name if text is None else _write(tmp_path / name, text) for name, text in files.items()]
+    err = usage_error(capsys, ["eval", "merge", *map(str, paths), "--out", str(tmp_path / "m.json")])
+    assert "hf-parallel eval merge: error: " + message.format(first=paths[0]) in err
+
+
+# --------------------------------------------------------------------------- the scripts, in a subprocess
+
+
+@pytest.mark.parametrize("command, prog", [
+    ([sys.executable, "-m", "hf_parallel", "eval"], "hf-parallel eval"),
+    ([sys.executable, str(ROOT / "eval" / "quality.py")], "quality.py"),
+])  # fmt: skip
+def test_scripts_exit_with_a_usage_error_for_a_missing_data_file(tmp_path, command, prog):
+    missing = tmp_path / "dev-v1.1.json"
+    done = subprocess.run([*command, "--data", str(missing), "--limit", "3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{prog}: error: cannot read {missing} as the {SQUAD_FORMAT}" in done.stderr
