@@ -4,8 +4,8 @@ Paired, seeded runs on identical inputs (documents are slices of War and Peace c
 the seed; question i is "Summarize the main point of paragraph i."; answers are forced to
 `--answer-tokens` tokens, no early EOS) of:
 
-  stock        (stock_full: every chunk run) every question its own row, the document's KV prefilled once and copied into
-               each row, `model.generate` greedy, rows chunked to fit memory
+  stock        (stock_full: every chunk run) every question its own row, the document's KV prefilled once
+               and copied into each row, `model.generate` greedy, rows chunked to fit memory
   stock_tuned  the same with a static cache and the decode forward compiled (`torch.compile`, CUDA graphs: generate's
                auto-compile on CUDA), every chunk timed, compilation excluded (reported as warmup_s)
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
@@ -15,8 +15,6 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
-  pp_triton_own  pp_triton with `own_tiles=True`: the streams' own KV in 16-row tiles, the
-               document in packed tiles (pp_triton_own_compiled: and `compile=True`)
 
 and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting
 weights + the document KV once + each stream's own KV per step (and the FLOPs).
@@ -31,6 +29,7 @@ row count is generated in full and timed, and each chunk counted at its row coun
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import gzip
 import json
@@ -42,7 +41,11 @@ from pathlib import Path
 import torch
 import transformers
 
-import hf_parallel
+from hf_parallel import GenerationOptions
+from hf_parallel.attention import resolve_backend
+from hf_parallel.attention.triton import TritonBackend
+from hf_parallel.layout import build_layout
+from hf_parallel.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -58,14 +61,12 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=8192),
 }  # fmt: skip
-METHODS = {
-    "pp_triton": dict(attn="triton"),
-    "pp_reference": dict(attn="reference"),
-    "pp_p1": dict(attn="triton", streams_per_tile=1),
-    "pp_interleaved": dict(attn="triton", layout="interleaved"),
-    "pp_triton_compiled": dict(attn="triton", compile=True),
-    "pp_triton_own": dict(attn="triton", own_tiles=True),
-    "pp_triton_own_compiled": dict(attn="triton", own_tiles=True, compile=True),
+METHODS = {  # generate_tokens options, and whether the layout is the paper's interleaved one (an ablation)
+    "pp_triton": (dict(attn="triton"), False),
+    "pp_reference": (dict(attn="reference"), False),
+    "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1)), False),
+    "pp_interleaved": (dict(attn="triton"), True),
+    "pp_triton_compiled": (dict(attn="triton", compile=True), False),
 }
 
 
@@ -116,10 +117,17 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def run_pp(model, prompts, work: Workload, options: dict, repeats: int = 2) -> dict:
-    run = lambda n: hf_parallel.generate_tokens(  # noqa: E731
-        model, prompts, max_new_tokens=n, eos_token_id=[], prefill_chunk=8192, **options
-    )
+def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bool = False) -> list[list[int]]:
+    """`generate_tokens` through its Runner, so the benchmark's ablations (the layout, the backend) can be set."""
+    opts = GenerationOptions.resolve(model, max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192,
+                                     **options)  # fmt: skip
+    layout = build_layout(prompts, max_new_tokens, interleaved)
+    return Runner(model, layout, opts, resolve_backend(opts.attn, model.device)).run()
+
+
+def run_pp(model, prompts, work: Workload, method: tuple[dict, bool], repeats: int = 2) -> dict:
+    options, interleaved = method
+    run = lambda n: generate(model, prompts, n, options, interleaved)  # noqa: E731
     warmup_s, _ = timed(lambda: run(work.answer_tokens))  # kernels, graph capture (and compilation) at full size
     prefill_s = min(timed(lambda: run(1))[0] for _ in range(repeats))
     runs = [timed(lambda: run(work.answer_tokens)) for _ in range(repeats)]
@@ -207,7 +215,7 @@ def run_stock_tuned(model, prompts, work: Workload, rows: int, compile: bool | N
         graphs_before = graphs()
         warmup_s = timed(lambda: [run(*chunks[0], 4) for _ in range(2)])[0]  # compile, CUDA graph capture, replay
         graphs_warm = graphs()
-        chunk_s = sum(timed(lambda: run(d, c, work.answer_tokens))[0] for d, c in chunks)
+        chunk_s = sum(timed(lambda d=d, c=c: run(d, c, work.answer_tokens))[0] for d, c in chunks)
         graphs_timed = graphs() - graphs_warm
     finally:
         torch._dynamo.reset()  # frees the CUDA graph pools before the next method
@@ -292,7 +300,7 @@ def measure_ceilings(device) -> dict:
         return dict(bandwidth=50e9, matmul=1e12, measured=False)
     x = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
-    copy_s = _median_time(lambda: y.copy_(x))
+    copy_s = _median_time(lambda x=x, y=y: y.copy_(x))
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
     mm_s = _median_time(lambda: a @ a)
     del x, y
@@ -362,7 +370,7 @@ def plot(results: list[dict], path: Path) -> None:
         key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
     )
     methods = [m for m in ["stock", "stock_tuned", "pp_reference", "pp_interleaved", "pp_p1", "pp_triton",
-                           "pp_triton_compiled", "pp_triton_own", "pp_triton_own_compiled", "roofline"]
+                           "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)
@@ -387,7 +395,7 @@ def table(results: list[dict]) -> str:
     rows = ["| model | workload | method | total s | decode s | vs stock | vs stock tuned | vs P=1 | roofline s "
             "| roofline / time |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for r in results:
-        vs = lambda m: _ratio(results, r, m)  # noqa: E731
+        vs = functools.partial(_ratio, results, r)
         stock = vs("stock_full") if vs("stock_full") != "-" else vs("stock")  # every chunk run, where there is one
         how = " (extrap.)" if r.get("extrapolated") else " (per chunk)" if r.get("per_chunk") else ""
         rows.append(f"| {r['model']} | {r['workload']} | {r['method']}{how} "

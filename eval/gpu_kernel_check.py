@@ -11,8 +11,6 @@
      sdpa_dense   the reference path: dense stream mask + SDPA over all kv_len slots
      triton       the kernel, default tile plan and launch config
      triton_interleaved  the paper's layout (CodeLlama P=64 only)
-     triton_own_tiles  the kernel with `own_tiles` (own regions in 16-row tiles, the document packed;
-                  _m128: 128-row document tiles, which now hold no rows that see nothing)
      triton_p1    the kernel with one stream per row tile (every stream reads the document)
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
@@ -40,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
-from hf_parallel.attention.tiles import build_split_plans, build_tile_plan  # noqa: E402
+from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
 from hf_parallel.attention.triton import KernelConfig, default_config, stream_attention  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
 from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
@@ -83,7 +81,7 @@ def decode_case(shape: str, streams: int, interleaved: bool = False):
     layout = build_layout(prompts, ANSWER, interleaved)
     ids = SlotIds.from_layout(layout, torch.device("cuda"))
     q_slot = layout.answer_slots[:, ANSWER - 1].cuda().contiguous()
-    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids, layout)
+    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
     q = torch.randn(1, heads, streams, dim, device="cuda", dtype=torch.bfloat16)
     step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (QUESTION + ANSWER)) + 2 * 2 * streams * heads * dim
     layers = max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
@@ -121,14 +119,11 @@ def single_call_us(fn) -> float:
     return round(triton.testing.do_bench(fn, return_mode="median") * 1e3, 1)
 
 
-def triton_run(layout, plan, q, kv, block_m=None, streams_per_tile=None, config=None, own_tiles=False):
+def triton_run(layout, plan, q, kv, block_m=None, streams_per_tile=None, config=None):
     """(tile plan, launch config, one callable per layer) of the kernel on this workload."""
     group = q.shape[1] // kv[0][0].shape[1]
-    if own_tiles:
-        tiles = build_split_plans(layout, plan.q_slot, group, block_m, None, streams_per_tile, device="cuda")
-    else:
-        tiles = build_tile_plan(layout, plan.q_slot, group, block_m, streams_per_tile, device="cuda")
-    config = config or default_config(q, kv[0][0], tiles.shared if own_tiles else tiles)
+    tiles = build_tile_plan(layout, plan.q_slot, group, block_m, streams_per_tile, device="cuda")
+    config = config or default_config(q, kv[0][0], tiles)
     out = torch.empty(1, q.shape[2], q.shape[1], q.shape[3], device="cuda", dtype=q.dtype)
     fns = [lambda k=k, v=v: stream_attention(q, k, v, plan, tiles, config=config, out=out) for k, v in kv]
     return tiles, config, fns
@@ -154,16 +149,10 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
     want = sdpa_run(plan, q, kv[:1])[0]()  # builds and caches the dense mask
     sdpa = sdpa_run(plan, q, kv)
     rows = [row("sdpa_dense", measure(sdpa), step_bytes, ceiling, do_bench_us=single_call_us(sdpa[0]))]
-    for name, spt, own, block_m in (
-        ("triton", None, False, None),
-        ("triton_own_tiles", None, True, None),
-        ("triton_own_tiles_m128", None, True, 128),
-        ("triton_p1", 1, False, None),
-    ):
-        tiles, cfg, fns = triton_run(layout, plan, q, kv, block_m=block_m, streams_per_tile=spt, own_tiles=own)
+    for name, spt in (("triton", None), ("triton_p1", 1)):
+        tiles, cfg, fns = triton_run(layout, plan, q, kv, streams_per_tile=spt)
         err = (fns[0]().float() - want.float()).abs().max().item()
-        main = tiles.shared if own else tiles
-        rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=main.num_tiles, block_m=main.block_m,
+        rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
                         config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
     if streams == 64 and shape == "codellama-7b":
         il_layout, il_plan, il_q, il_kv, _ = decode_case(shape, streams, interleaved=True)
@@ -223,7 +212,7 @@ def bench_prefill(ceiling) -> list[dict]:
     layout = build_layout([list(range(3, 3 + DOC))], 1)
     ids = SlotIds.from_layout(layout, torch.device("cuda"))
     q_slot = torch.arange(DOC - 2048, DOC, device="cuda")
-    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], DOC, ids, layout)
+    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], DOC, ids)
     q = torch.randn(1, heads, 2048, dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, kv_heads, DOC, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     flops = 4 * heads * dim * 2048 * (DOC - 1024)  # QK^T and PV over the causal part

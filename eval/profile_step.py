@@ -13,6 +13,7 @@ sampling).  Prints one table per workload and path, writes profile.json under --
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--question-tokens", type=int, default=12)
     parser.add_argument("--new-tokens", type=int, default=17, help="tokens of the profiled call (decode steps + 1)")
-    parser.add_argument("--paths", nargs="+", default=["triton", "triton+own_tiles"],
-                        help="attention paths: reference, triton, triton+own_tiles")  # fmt: skip
+    parser.add_argument("--paths", nargs="+", default=["triton"], help="attention paths: reference, triton")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None)
@@ -94,12 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.questions:
         prompts = [doc + [rng.randrange(3, vocab) for _ in range(args.question_tokens)] for _ in range(n)]
         for path in args.paths:
-            options = dict(attn=path.split("+")[0], own_tiles=path.endswith("+own_tiles"), cuda_graphs=False,
-                           eos_token_id=[])  # fmt: skip
-            run = lambda k: hf_parallel.generate_tokens(model, prompts, max_new_tokens=k, **options)  # noqa: E731
-            run(args.new_tokens)  # warm-up: kernels compiled and autotuned
-            prefill = kernel_times(lambda: run(1), device)
-            full = kernel_times(lambda: run(args.new_tokens), device)
+            options = dict(attn=path, cuda_graphs=False, eos_token_id=[])
+            run = functools.partial(hf_parallel.generate_tokens, model, prompts, **options)
+            run(max_new_tokens=args.new_tokens)  # warm-up: kernels compiled and autotuned
+            prefill = kernel_times(functools.partial(run, max_new_tokens=1), device)
+            full = kernel_times(functools.partial(run, max_new_tokens=args.new_tokens), device)
             row = dict(model=args.model, doc=args.doc, questions=n, path=path,
                        **summarize(prefill, full, args.new_tokens - 1, args.top))  # fmt: skip
             report.append(row)

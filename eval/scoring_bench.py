@@ -43,7 +43,7 @@ from hf_parallel.evaluation.datasets import load_squad
 from hf_parallel.judging import ChoiceQuestion, ScoreQuestion, answer_spellings, assemble_answers, render_judgments
 from hf_parallel.layout import build_layout
 from hf_parallel.prompting import render_prompts
-from hf_parallel.scoring import _targets, _tree_sequences, score_tree
+from hf_parallel.scoring import score_tree, target_rows, tree_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
@@ -175,9 +175,9 @@ def run_staged(model, w: Workload):
 
 
 def run_staged_tree(model, w: Workload):
-    seqs, seq_of = _tree_sequences(w.prompts, w.continuations)
+    seqs, seq_of = tree_sequences(w.prompts, w.continuations)
     layout = build_layout(seqs, 0)
-    rows, targets, sizes = _targets(layout, w.continuations, seq_of)
+    rows, targets, sizes = target_rows(layout, w.continuations, seq_of)
     out = torch.empty(len(rows))
     cache, forwards = DynamicCache(), 0
     for seg in layout.segments:
@@ -195,17 +195,17 @@ def run_staged_tree(model, w: Workload):
     return [[next(flat) for _ in c] for c in w.continuations], layout.num_slots, forwards
 
 
-def run_tree(model, w: Workload, attn: str, max_tokens_per_forward: int | None):
-    scores = score_tree(model, w.prompts, w.continuations, attn, max_tokens_per_forward)
-    chunk = max_tokens_per_forward or scores.computed_tokens
+def run_tree(model, w: Workload, attn: str, prefill_chunk: int | None):
+    scores = score_tree(model, w.prompts, w.continuations, attn, prefill_chunk)
+    chunk = prefill_chunk or scores.computed_tokens
     return scores.token_logprobs, scores.computed_tokens, -(-scores.computed_tokens // chunk)
 
 
-def run_tree_per_group(model, w: Workload, attn: str, max_tokens_per_forward: int | None):
+def run_tree_per_group(model, w: Workload, attn: str, prefill_chunk: int | None):
     scores, tokens, forwards = [None] * len(w.prompts), 0, 0
     for group in w.groups:
         part = Workload(w.name, [w.prompts[p] for p in group], [w.continuations[p] for p in group], [group])
-        row, n, f = run_tree(model, part, attn, max_tokens_per_forward)
+        row, n, f = run_tree(model, part, attn, prefill_chunk)
         tokens, forwards = tokens + n, forwards + f
         for p, r in zip(group, row):
             scores[p] = r
@@ -260,11 +260,11 @@ def measure(model, w: Workload, args) -> dict:
         "alone": lambda wl: run_alone(model, wl),
         "staged": lambda wl: run_staged(model, wl),
         "staged_tree": lambda wl: run_staged_tree(model, wl),
-        "tree": lambda wl: run_tree(model, wl, args.attn[0], args.max_tokens_per_forward),
-        "tree_per_group": lambda wl: run_tree_per_group(model, wl, args.attn[0], args.max_tokens_per_forward),
+        "tree": lambda wl: run_tree(model, wl, args.attn[0], args.prefill_chunk),
+        "tree_per_group": lambda wl: run_tree_per_group(model, wl, args.attn[0], args.prefill_chunk),
     }
     for attn in args.attn[1:]:  # the same one-pass tree through another attention path
-        methods[f"tree_{attn}"] = lambda wl, attn=attn: run_tree(model, wl, attn, args.max_tokens_per_forward)
+        methods[f"tree_{attn}"] = lambda wl, attn=attn: run_tree(model, wl, attn, args.prefill_chunk)
     if len(w.groups) == 1:
         del methods["tree_per_group"]
     if args.methods:

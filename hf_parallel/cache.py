@@ -68,4 +68,4 @@ class PackedCache(Cache):
 
     def stored_bytes(self) -> int:
         """Bytes of K/V held, all layers (for memory tests and reports)."""
-        return sum(l.keys.numel() * l.keys.element_size() * 2 for l in self.layers if l.is_initialized)
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers if layer.is_initialized)

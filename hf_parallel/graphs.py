@@ -6,36 +6,98 @@ once per bucket (live count rounded up to a power of two) over a `StaticRow` (ca
 and slot ids of a fixed capacity, kept on the model and reused by later calls), with
 the capacity as kv_len, and replayed with the step's slots and tokens written in place.
 Padding rows repeat the last live row: they write the same K/V to the same slot, so
-they change nothing, and their logits are dropped.  Capture is opt-out
-(`cuda_graphs=False`) and falls back to eager steps with a warning if it fails.
+they change nothing, and their logits are dropped.
+
+A captured step holds its graph, its static buffers and the attention backend's
+`StaticPlan`, nothing else: the forward it records is handed to the capture and not kept.
 """
 
 from __future__ import annotations
 
 import gc
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from .attention import AttentionBackend, StaticPlan
 from .cache import PackedCache
 from .layout import Layout
-from .plan import SlotIds
+from .plan import AttentionPlan, Row, SlotIds
 
-
-@dataclass
-class _Captured:
-    graph: torch.cuda.CUDAGraph
-    slots: torch.Tensor  # [B] int64, static input
-    tokens: torch.Tensor  # [B] int64, static input
-    keep: torch.Tensor  # [B] int64, the logit rows (referenced here so its memory outlives the capture)
-    logits: torch.Tensor  # [B, V] float32, static output
-    attn_state: object  # the attention path's static per-graph state (None for the reference)
+Forward = Callable[[AttentionPlan, torch.Tensor, torch.Tensor], torch.Tensor]  # (plan, tokens, keep) -> logits
 
 
 def bucket(n: int) -> int:
     """Rows of the captured step that serves n live streams: n rounded up to a power of two."""
     return 1 << (n - 1).bit_length()
+
+
+@dataclass
+class CapturedStep:
+    """One captured decode step: replay after writing the step's inputs into `slots` and `tokens`."""
+
+    graph: torch.cuda.CUDAGraph
+    slots: torch.Tensor  # [B] int64, static input
+    tokens: torch.Tensor  # [B] int64, static input
+    keep: torch.Tensor  # [B] int64, the logit rows (referenced here so its memory outlives the capture)
+    logits: torch.Tensor  # [B, V] float32, static output
+    plan: StaticPlan  # the attention backend's buffers, rewritten when the live streams change
+
+    def write(self, row: Row, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> None:
+        """This step's inputs, padded by repeating the last live row (and, if the live streams changed, the plan)."""
+        n, b = len(tokens), len(self.tokens)
+        self.slots[:n].copy_(q_slot)
+        self.tokens[:n].copy_(tokens)
+        self.slots[n:].copy_(q_slot[-1:].expand(b - n))
+        self.tokens[n:].copy_(tokens[-1:].expand(b - n))
+        if changed:
+            self.plan.update(row, self.slots)
+
+
+class DecodeGraphs:
+    """Captured decode steps keyed by (bucket, the backend's graph key), sharing one memory pool."""
+
+    def __init__(self):
+        self.captured: dict[tuple, CapturedStep] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.failed = False  # a capture failed: this model's steps run eagerly
+
+    def step(self, backend: AttentionBackend, row: Row, forward: Forward, q_slot, tokens, changed: bool):
+        """Logits [n, V] of the step over `tokens` [n] at `q_slot` [n], replayed (captured first if need be)."""
+        n = len(tokens)
+        key = (bucket(n), backend.graph_key)
+        cap = self.captured.get(key)
+        if cap is not None:
+            try:
+                cap.write(row, q_slot, tokens, changed)
+            except ValueError:  # this layout outgrew the captured plan's buffers
+                del self.captured[key]
+                cap = None
+        if cap is None:
+            cap = self.captured[key] = self._capture(backend.static_plan(row, key[0]), row, forward, q_slot, tokens)
+        cap.graph.replay()
+        return cap.logits[:n]
+
+    def _capture(self, plan: StaticPlan, row: Row, forward: Forward, q_slot, tokens) -> CapturedStep:
+        size, device = plan.bucket, tokens.device
+        slots = torch.empty(size, dtype=torch.long, device=device)
+        static_tokens = torch.empty(size, dtype=torch.long, device=device)
+        keep = torch.arange(size, device=device)
+        cap = CapturedStep(torch.cuda.CUDAGraph(), slots, static_tokens, keep, None, plan)
+        cap.write(row, q_slot, tokens, changed=True)
+
+        def run():
+            return forward(plan.plan(row, slots), static_tokens, keep)
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up (allocator, autotuning) off the capture stream
+            run()
+        torch.cuda.current_stream(device).wait_stream(side)
+        with torch.cuda.graph(cap.graph, pool=self.pool):
+            cap.logits = run()
+        return cap
 
 
 ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share captured graphs
@@ -53,9 +115,11 @@ class StaticRow:
         config = model.config.get_text_config()
         self.capacity, self.dtype = capacity, model.dtype
         self.cache = PackedCache(config.num_hidden_layers, capacity)
-        self.slot_seg = torch.full((capacity,), -1, dtype=torch.int32, device=model.device)
-        self.slot_pos = torch.zeros(capacity, dtype=torch.int32, device=model.device)
-        self.seg_end = torch.zeros(capacity, dtype=torch.int32, device=model.device)
+        self.ids = SlotIds(
+            torch.full((capacity,), -1, dtype=torch.int32, device=model.device),
+            torch.zeros(capacity, dtype=torch.int32, device=model.device),
+            torch.zeros(capacity, dtype=torch.int32, device=model.device),
+        )
         self.graphs = DecodeGraphs()
 
     @classmethod
@@ -73,87 +137,8 @@ class StaticRow:
     def load(self, layout: Layout) -> SlotIds:
         """Write `layout`'s ids into the static buffers; ids of the full capacity."""
         n, g = layout.num_slots, len(layout.segments)
-        self.slot_seg.fill_(-1)
-        self.slot_seg[:n].copy_(layout.slot_seg)
-        self.slot_pos[:n].copy_(layout.slot_pos)
-        self.seg_end[:g].copy_(layout.seg_end)
-        return SlotIds(self.slot_seg, self.slot_pos, self.seg_end)
-
-
-class DecodeGraphs:
-    """Callable `(q_slot [n], tokens [n], changed) -> logits [n, V]` replaying captured steps.
-
-    Graphs are keyed by (bucket, attention path, streams_per_tile, own_tiles); `bind` the runner of
-    the current call before use (it supplies the layout and the eager fallback).
-    """
-
-    def __init__(self):
-        self.runner = None
-        self.captured: dict[tuple, _Captured] = {}
-        self.pool = torch.cuda.graph_pool_handle()
-        self.failed = False
-
-    def bind(self, runner) -> DecodeGraphs:
-        self.runner = runner
-        return self
-
-    def __call__(self, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> torch.Tensor:
-        n = len(tokens)
-        if not self.failed:
-            opts = self.runner.opts
-            key = (bucket(n), self.runner.attn, opts.streams_per_tile, opts.own_tiles)
-            try:
-                if key in self.captured and not self._refresh(self.captured[key], q_slot, tokens, changed):
-                    del self.captured[key]  # this layout outgrew the graph's static tile plan
-                if key not in self.captured:
-                    self.captured[key] = self._capture(key[0], q_slot, tokens)  # filled as it is captured
-                cap = self.captured[key]
-                cap.graph.replay()
-                return cap.logits[:n]
-            except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
-                warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly")
-                self.failed = True
-        return self.runner.eager_step(q_slot, tokens)
-
-    def _fill(self, cap: _Captured, q_slot: torch.Tensor, tokens: torch.Tensor) -> None:
-        n, b = len(tokens), len(cap.tokens)
-        cap.slots[:n].copy_(q_slot)
-        cap.tokens[:n].copy_(tokens)
-        cap.slots[n:].copy_(q_slot[-1:].expand(b - n))
-        cap.tokens[n:].copy_(tokens[-1:].expand(b - n))
-
-    def _refresh(self, cap: _Captured, q_slot, tokens, changed: bool) -> bool:
-        """Write this step's inputs (and, if the live streams changed, the tile plan); False if it cannot fit."""
-        self._fill(cap, q_slot, tokens)
-        if changed and cap.attn_state is not None:
-            try:
-                cap.attn_state.refill(cap.slots, self.runner.layout)
-            except ValueError:
-                return False
-        return True
-
-    def _capture(self, bucket: int, q_slot: torch.Tensor, tokens: torch.Tensor) -> _Captured:
-        runner, device = self.runner, tokens.device
-        slots = torch.empty(bucket, dtype=torch.long, device=device)
-        static_tokens = torch.empty(bucket, dtype=torch.long, device=device)
-        keep = torch.arange(bucket, device=device)
-        attn_state = runner.graph_attention_state(bucket)
-        cap = _Captured(None, slots, static_tokens, keep, None, attn_state)
-        if not self._refresh(cap, q_slot, tokens, True):
-            raise RuntimeError("a freshly allocated tile plan cannot hold this layout")
-
-        def step():
-            plan = runner.plan(slots, kv_len=runner.capacity)
-            if attn_state is not None:
-                attn_state.install(plan)
-            return runner.forward(plan, static_tokens, keep, step=True)
-
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up (allocator, autotuning) off the capture stream
-            step()
-        torch.cuda.current_stream(device).wait_stream(side)
-        cap.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cap.graph, pool=self.pool):
-            cap.logits = step()
-        return cap
+        self.ids.slot_seg.fill_(-1)
+        self.ids.slot_seg[:n].copy_(layout.slot_seg)
+        self.ids.slot_pos[:n].copy_(layout.slot_pos)
+        self.ids.seg_end[:g].copy_(layout.seg_end)
+        return self.ids

@@ -7,6 +7,7 @@ model, token sequences, texts and the EOS tokens.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -42,16 +43,16 @@ def _as_ids(name: str, seq) -> list[int]:
         return seq.tolist()
     if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
         raise TypeError(f"{name} must be a list of token ids, got {type(seq).__name__} (tokenize text first)")
-    bad = next((t for t in seq if not _is_int(t)), None)
-    if bad is not None:
-        raise TypeError(f"{name} must hold integer token ids, got {type(bad).__name__} {bad!r}")
+    for t in seq:
+        if not _is_int(t):
+            raise TypeError(f"{name} must hold integer token ids, got {type(t).__name__} {t!r}")
     return [int(t) for t in seq]
 
 
 def _is_int(value) -> bool:
     if isinstance(value, torch.Tensor):
         return value.dim() == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
-    return isinstance(value, int) and not isinstance(value, bool) or type(value).__name__.startswith(("int", "uint"))
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
@@ -64,9 +65,8 @@ def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int
         raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
     if limit is not None and len(tokens) + room > limit:
         extra = f"; with max_new_tokens={room} it" if room else ", which"
-        raise ValueError(
-            f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions (max_position_embeddings)"
-        )
+        raise ValueError(f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
+                         "(max_position_embeddings)")  # fmt: skip
 
 
 def check_model(model: PreTrainedModel) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -77,7 +76,7 @@ class YesNoQuestion:
         return [("yes", YES_NO)]
 
 
-Question = Union[ChoiceQuestion, ScoreQuestion, YesNoQuestion]
+Question = ChoiceQuestion | ScoreQuestion | YesNoQuestion
 
 
 @dataclass
@@ -133,7 +132,7 @@ def judge(
     use_chat_template: bool | None = None,
     system_prompt: str | None = None,
     attn: str = "auto",
-    max_tokens_per_forward: int | None = None,
+    prefill_chunk: int | None = None,
 ) -> JudgeResult:
     """Answer every question about `context` by yes/no judgments, all in one packed forward.
 
@@ -146,7 +145,7 @@ def judge(
     _check_questions(context, questions)
     prompts = render_judgments(tokenizer, context, questions, template, use_chat_template, system_prompt)
     yes, no = answer_spellings(tokenizer)
-    scores = score_tree(model, prompts, [yes + no] * len(prompts), attn, max_tokens_per_forward)
+    scores = score_tree(model, prompts, [yes + no] * len(prompts), attn, prefill_chunk)
     usage = Usage(sum(len(p) for p in prompts), 0, scores.computed_tokens)
     return JudgeResult(assemble_answers(questions, scores.token_logprobs, len(yes)), usage)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from dataclasses import dataclass, fields
 
-import torch
 from transformers import GenerationConfig, PreTrainedModel
 
-from .attention import IMPLEMENTATIONS
+from .attention import BACKENDS, AttentionBackend
 
-LAYOUTS = ("stream", "interleaved")
 DEFAULT_MAX_NEW_TOKENS = 256
 # GenerationConfig fields whose non-default values change the output and that the
 # parallel loop does not implement: refused when asked for, warned about when inherited.
@@ -21,30 +21,19 @@ UNSUPPORTED = {
 }  # fmt: skip
 
 
-PREFILL_CHUNK = {"reference": 2048, "triton": 8192}  # default prompt tokens per prefill forward, per path
-
-
 @dataclass
 class GenerationOptions:
     """What `generate_tokens` honours.  Unset fields default to the model's `generation_config`.
 
-    attn:             attention path: "reference" (dense stream mask + SDPA, the specification),
-                      "triton" (in-kernel stream mask, CUDA), or "auto" (triton on CUDA, else reference).
-    layout:           "stream" (stream-major regions, default) or "interleaved" (the paper's ablation).
-    prefill_chunk:    most prompt tokens per prefill forward; None = the attention path's own
-                      (PREFILL_CHUNK: the dense mask's memory bounds the reference's; the Triton
-                      path builds no mask, and fewer forwards cost less host time).
-    cuda_graphs:      capture the decode step once per shape bucket and replay it (CUDA only).
-    streams_per_tile: streams packed into one row tile of the Triton kernel (None = as many as fit;
-                      1 = every stream reads the document on its own, as a prefix-caching server does).
-    own_tiles:        Triton path: attend the streams' own segments (questions and answers) in 16-row
-                      tiles and only the shared ones (the document) in packed tiles, merging the two
-                      by log-sum-exp, so packed tiles spend no work on keys that one row alone sees.
-                      Stream-major layout only.  Off by default: on an H200 5% faster with 1024-token
-                      answers, 2-7% slower with 128 (README, Speed).
-    compile:          run decode steps through `torch.compile` of the model (the attention kernel an
-                      opaque op), so the model's own small operations fuse; each new bucket of live
-                      streams compiles once per model (tens of seconds for a 7B model).  Off by default.
+    attn:          attention path: "reference" (dense stream mask + SDPA, the specification),
+                   "triton" (in-kernel stream mask, CUDA), "auto" (triton on CUDA, else reference),
+                   or an `AttentionBackend` object.
+    prefill_chunk: most prompt tokens per forward; None = the attention path's own (the dense
+                   mask's memory bounds the reference's; the Triton path builds no mask).
+    cuda_graphs:   capture the decode step once per bucket of live streams and replay it (CUDA only).
+    compile:       run decode steps through `torch.compile` of the model (the attention kernel an
+                   opaque op), so the model's own small operations fuse; each new bucket of live
+                   streams compiles once per model (tens of seconds for a 7B model).  Off by default.
     """
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
@@ -55,15 +44,13 @@ class GenerationOptions:
     top_p: float = 1.0
     eos_token_id: tuple[int, ...] = ()
     seed: int | None = None
-    attn: str = "auto"
-    layout: str = "stream"
+    attn: str | AttentionBackend = "auto"
     prefill_chunk: int | None = None
     cuda_graphs: bool = True
-    streams_per_tile: int | None = None
-    own_tiles: bool = False
     compile: bool = False
 
     def __post_init__(self):
+        _check_types(self)
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
@@ -74,15 +61,9 @@ class GenerationOptions:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.streams_per_tile is not None and self.streams_per_tile < 1:
-            raise ValueError(f"streams_per_tile must be >= 1, got {self.streams_per_tile}")
-        if self.attn != "auto" and self.attn not in IMPLEMENTATIONS:
-            raise ValueError(f"unknown attention path {self.attn!r}; choose one of {sorted(IMPLEMENTATIONS)}")
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.own_tiles and self.layout == "interleaved":
-            raise ValueError("own_tiles needs layout='stream': interleaved answers are strided, so every "
-                             "stream's own tile would scan all streams' answer slots")  # fmt: skip
+        if isinstance(self.attn, str) and self.attn != "auto" and self.attn not in BACKENDS:
+            raise ValueError(f"unknown attention path {self.attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
+                             "or pass an AttentionBackend")  # fmt: skip
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
@@ -104,26 +85,50 @@ class GenerationOptions:
         merged["eos_token_id"] = _as_tuple(merged.get("eos_token_id"))
         return cls(**merged)
 
-    def prefill_chunk_for(self, attn: str) -> int:
-        """Prompt tokens per prefill forward on the attention path `attn`."""
-        return self.prefill_chunk or PREFILL_CHUNK[attn]
+    def prefill_chunk_for(self, backend: AttentionBackend) -> int:
+        """Prompt tokens per prefill forward on `backend`."""
+        return self.prefill_chunk or backend.prefill_chunk
 
-    def attention_for(self, device: torch.device) -> str:
-        """The attention path to run on `device` ("auto": triton on CUDA when registered, else reference)."""
-        if self.attn != "auto":
-            return self.attn
-        return "triton" if device.type == "cuda" and "triton" in IMPLEMENTATIONS else "reference"
+
+_INTS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "prefill_chunk")
+_FLOATS = ("temperature", "top_p")
+_BOOLS = ("do_sample", "cuda_graphs", "compile")
+
+
+def _check_types(opts: GenerationOptions) -> None:
+    """A TypeError naming the option for a value of the wrong type (None where a field allows it)."""
+    for name in _INTS + _FLOATS + _BOOLS:
+        value = getattr(opts, name)
+        if value is None and name in ("top_k", "seed", "prefill_chunk"):
+            continue
+        if name in _BOOLS:
+            ok = isinstance(value, bool)
+        elif name in _INTS:
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not ok:
+            kind = "a bool" if name in _BOOLS else "an int" if name in _INTS else "a number"
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if not isinstance(opts.attn, (str, AttentionBackend)):
+        raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
 
 
 def _as_tuple(eos) -> tuple[int, ...]:
     if eos is None:
         return ()
-    return (int(eos),) if isinstance(eos, int) else tuple(int(e) for e in eos)
+    if isinstance(eos, numbers.Integral) and not isinstance(eos, bool):
+        return (int(eos),)
+    try:
+        values = tuple(eos)
+    except TypeError:
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {type(eos).__name__}") from None
+    if not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in values):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {eos!r}")
+    return tuple(int(e) for e in values)
 
 
 def _warn_inherited(config: GenerationConfig, user: dict) -> None:
-    import warnings
-
     for name, default in UNSUPPORTED.items():
         if name not in user and getattr(config, name, default) not in (default, None):
             warnings.warn(f"the model's generation_config sets {name}={getattr(config, name)!r}, "

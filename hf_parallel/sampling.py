@@ -9,16 +9,19 @@ from .options import GenerationOptions
 
 
 class Sampler:
-    """Picks one token per row of logits [N, V]; every stream is at the same step."""
+    """Picks one token per row of logits [N, V]; every stream is at the same step.
+
+    Without a `seed`, samples come from torch's global generator, as `model.generate`'s do,
+    so `torch.manual_seed` before a call makes it reproducible.
+    """
 
     def __init__(self, opts: GenerationOptions, device: torch.device):
         self.opts = opts
         self.eos = torch.tensor(opts.eos_token_id, dtype=torch.long, device=device)
         self.generator = None
-        if opts.do_sample:
-            self.generator = torch.Generator(device=device)
-            self.generator.manual_seed(opts.seed if opts.seed is not None else torch.seed())
-        self.warpers = _warpers(opts)
+        if opts.do_sample and opts.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(opts.seed)
+        self.warpers = _warpers(opts) if opts.do_sample else []
 
     def __call__(self, logits: torch.Tensor, step: int) -> torch.Tensor:
         if step < self.opts.min_new_tokens and self.eos.numel():

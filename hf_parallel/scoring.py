@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from .attention import use_attention
-from .generation import _Runner, check_model, check_prompts
+from .attention import AttentionBackend, resolve_backend, use_attention
+from .inputs import as_token_lists, check_model, check_tokens
 from .layout import Layout, build_layout
 from .options import GenerationOptions
+from .runner import Runner
 
 
 @dataclass
@@ -38,8 +39,8 @@ def score_continuations(
     prompts: list[list[int]],
     continuations: list[list[list[int]]],
     per_token: bool = False,
-    attn: str = "auto",
-    max_tokens_per_forward: int | None = None,
+    attn: str | AttentionBackend = "auto",
+    prefill_chunk: int | None = None,
 ) -> list[list[float]] | list[list[list[float]]]:
     """Log-probability of each continuation given its prompt, every one as if scored alone.
 
@@ -47,70 +48,56 @@ def score_continuations(
     continuations: P lists of candidates; candidate c of prompt p is scored as the tokens
                    that follow `prompts[p]`.
     per_token:     return each candidate's per-token log-probabilities instead of their sum.
-    attn:          "reference", "triton" or "auto" (as in `GenerationOptions`).
-    max_tokens_per_forward: split the packed forward into chunks of this many tokens (slot
-                   order, so causality holds) where one forward would not fit in memory.
+    attn:          "reference", "triton", "auto" or an `AttentionBackend` (as in `GenerationOptions`).
+    prefill_chunk: split the packed forward into chunks of this many tokens (slot order, so
+                   causality holds) where one forward would not fit in memory.
     Returns [P][C_p] summed log-probabilities (or [P][C_p][len] per token), in input order.
     """
-    scores = score_tree(model, prompts, continuations, attn, max_tokens_per_forward)
+    scores = score_tree(model, prompts, continuations, attn, prefill_chunk)
     if per_token:
         return [[lp.tolist() for lp in row] for row in scores.token_logprobs]
     return [[float(lp.sum()) for lp in row] for row in scores.token_logprobs]
 
 
-def score_tree(model, prompts, continuations, attn="auto", max_tokens_per_forward=None) -> TreeScores:
+def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -> TreeScores:
     """`score_continuations`, keeping the per-token tensors and the tree's size (for the judge and benchmarks)."""
-    opts = _options(attn, max_tokens_per_forward)
+    check_model(model)
+    prompts = as_token_lists("prompts", prompts)
+    if isinstance(continuations, (str, bytes)) or not isinstance(continuations, (list, tuple)):
+        raise TypeError(f"continuations must be a list of lists of token-id lists, got {type(continuations).__name__}")
+    continuations = [as_token_lists(f"continuations[{p}]", cands) for p, cands in enumerate(continuations)]
     if len(prompts) != len(continuations):
         raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} lists of continuations")
+    # no decode steps to capture: a fresh row, freed on return, rather than the model's static one;
+    # one forward unless asked for chunks
+    chunk = 1 << 62 if prefill_chunk is None else prefill_chunk
+    opts = GenerationOptions(max_new_tokens=1, attn=attn, prefill_chunk=chunk, cuda_graphs=False)
     if not prompts:
         return TreeScores([], 0)
-    prompts, continuations = _as_ids(prompts), [_as_ids(cands) for cands in continuations]
-    check_model(model)
     check_inputs(model, prompts, continuations)
-    sequences, seq_of = _tree_sequences(prompts, continuations)
+    sequences, seq_of = tree_sequences(prompts, continuations)
     layout = build_layout(sequences, 0)  # no answer room: the tree is exactly the tokens to run
-    rows, targets, sizes = _targets(layout, continuations, seq_of)
-    runner = _Runner(model, layout, opts)
-    with torch.inference_mode(), use_attention(model, runner.attn):
-        logprobs = _run(runner, rows, targets, opts.prefill_chunk_for(runner.attn)).cpu()
+    rows, targets, sizes = target_rows(layout, continuations, seq_of)
+    backend = resolve_backend(opts.attn, model.device)
+    runner = Runner(model, layout, opts, backend)
+    with torch.inference_mode(), use_attention(model, backend):
+        logprobs = _run(runner, rows, targets, opts.prefill_chunk).cpu()
     flat = iter(logprobs.split(sizes))
     return TreeScores([[next(flat) for _ in cands] for cands in continuations], layout.num_slots)
 
 
-def _options(attn: str, max_tokens_per_forward: int | None) -> GenerationOptions:
-    if max_tokens_per_forward is not None and max_tokens_per_forward < 1:
-        raise ValueError(f"max_tokens_per_forward must be >= 1, got {max_tokens_per_forward}")
-    # no decode steps to capture: a fresh row, freed on return, rather than the model's static one
-    chunk = max_tokens_per_forward or 1 << 62
-    return GenerationOptions(max_new_tokens=1, attn=attn, prefill_chunk=chunk, cuda_graphs=False)
-
-
-def _as_ids(sequences) -> list[list[int]]:
-    return [[int(t) for t in seq] for seq in sequences]
-
-
 def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
     """Refuse empty prompts or candidates, unknown tokens, and inputs longer than the model's positions."""
-    check_prompts(model, prompts, 0)
-    config = model.config.get_text_config()
-    limit, vocab = getattr(config, "max_position_embeddings", None), config.vocab_size
-    for p, cands in enumerate(continuations):
+    for p, (prompt, cands) in enumerate(zip(prompts, continuations)):
+        check_tokens(model, f"prompt {p}", prompt)
         if not cands:
             raise ValueError(f"prompt {p} has no candidate continuations")
         for c, cont in enumerate(cands):
-            if not cont:
-                raise ValueError(f"continuation {c} of prompt {p} is empty")
-            if min(cont) < 0 or max(cont) >= vocab:
-                raise ValueError(f"continuation {c} of prompt {p} has token ids outside the vocabulary [0, {vocab})")
-            if limit is not None and len(prompts[p]) + len(cont) > limit:
-                raise ValueError(
-                    f"prompt {p} with continuation {c} has {len(prompts[p]) + len(cont)} tokens, more than the "
-                    f"model's {limit} positions (max_position_embeddings)"
-                )
+            check_tokens(model, f"continuation {c} of prompt {p}", cont)
+            check_tokens(model, f"prompt {p} with continuation {c}", prompt + cont)
 
 
-def _tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
+def tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
     """The distinct token sequences the tree must hold (prompt + continuation[:-1]) and each candidate's one."""
     index: dict[tuple[int, ...], int] = {}
     seq_of = []
@@ -120,7 +107,7 @@ def _tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]
     return [list(s) for s in index], seq_of
 
 
-def _targets(layout: Layout, continuations, seq_of):
+def target_rows(layout: Layout, continuations, seq_of):
     """Every (row slot [M], target token [M]) pair read, candidate after candidate, and each one's count."""
     rows, targets, sizes = [], [], []
     flat = (cont for cands in continuations for cont in cands)
@@ -143,7 +130,7 @@ def _tail_slots(layout: Layout, seg_id: int, n: int) -> torch.Tensor:
     return torch.cat(parts[::-1])
 
 
-def _run(runner: _Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+def _run(runner: Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
     """Run the tree in slot order, `chunk` tokens per forward; log p(target | row) [M] float32."""
     device = runner.device
     slots, tokens, _ = runner.layout.prompt_slots()

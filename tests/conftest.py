@@ -80,8 +80,3 @@ def generate_alone(model, prompt: list[int], max_new_tokens: int, eos=None) -> l
 
 if os.environ.get("HF_HUB_OFFLINE") is None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub
-
-
-def path_options(attn: str) -> dict:
-    """generate_tokens options of an attention path named in tests: "reference", "triton", "triton+own_tiles"."""
-    return {"attn": "triton", "own_tiles": True} if attn == "triton+own_tiles" else {"attn": attn}

@@ -10,9 +10,11 @@ import torch._dynamo.utils
 
 from hf_parallel import generate_tokens
 
-from .conftest import generate_alone, path_options, random_tokens, tiny_model
+from .conftest import generate_alone, random_tokens, tiny_model
 
-ATTNS = ["reference", "triton", "triton+own_tiles"]
+ATTNS = ["reference", "triton"]
+# a decode step that silently fell back to running uncompiled would pass the token checks: make it fail
+pytestmark = pytest.mark.filterwarnings("error:torch.compile of the decode step failed")
 
 
 def _compiled_graphs() -> int:
@@ -34,28 +36,26 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
     free = [generate_alone(llama, p, 9, None) for p in prompts]
     eos = sorted({free[0][2], free[3][5]})  # streams stop at different steps: the live count changes
     before = _compiled_graphs()
-    got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn))
+    got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, attn=attn)
     assert got == [generate_alone(llama, p, 9, eos) for p in prompts]
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 9)} - {0})
     assert 0 < _compiled_graphs() - before <= live_counts  # one graph per live count, not one per step
     before = _compiled_graphs()
-    assert (
-        generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, **path_options(attn)) == got
-    )
+    assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, attn=attn) == got
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 
-def test_compiled_steps_pass_dynamo_recompile_limit(llama, monkeypatch):
+def test_compiled_steps_pass_dynamo_recompile_limit(llama):
     """Every live count (every bucket, with CUDA graphs) compiles, past dynamo's recompile limit (default 8,
     set to 1 here): 256 streams stopping at their own steps need nine buckets."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     gen = torch.Generator().manual_seed(5)
     doc = random_tokens(20, gen)
     prompts = [doc + random_tokens(1 + i % 3, gen) for i in range(4)]
     free = [generate_alone(llama, p, 6, None) for p in prompts]
     eos = sorted({free[0][1], free[1][3]})
     before = _compiled_graphs()
-    got = generate_tokens(llama, prompts, max_new_tokens=6, eos_token_id=eos, compile=True)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        got = generate_tokens(llama, prompts, max_new_tokens=6, eos_token_id=eos, compile=True)
     assert got == [generate_alone(llama, p, 6, eos) for p in prompts]
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 6)} - {0})
     assert live_counts >= 2 and _compiled_graphs() - before == live_counts
@@ -67,8 +67,10 @@ def test_compiled_gemma2_softcap_and_window_match_generate():
     gen = torch.Generator().manual_seed(4)
     doc = random_tokens(40, gen)
     prompts = [doc + random_tokens(2 + i, gen) for i in range(3)]
+    before = _compiled_graphs()
     got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile=True)
     assert got == [generate_alone(model, p, 6, None) for p in prompts]
+    assert _compiled_graphs() > before  # the steps did run compiled
 
 
 def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
@@ -78,7 +80,7 @@ def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
 
         return call
 
-    monkeypatch.setattr("hf_parallel.generation.compiled_call", broken)
+    monkeypatch.setattr("hf_parallel.runner.compiled_call", broken)
     gen = torch.Generator().manual_seed(5)
     prompts = [random_tokens(12, gen) for _ in range(3)]
     with pytest.warns(UserWarning, match="torch.compile of the decode step failed"):

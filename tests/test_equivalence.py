@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel import generate_tokens
+from hf_parallel import GenerationOptions, generate_tokens
+from hf_parallel.attention import resolve_backend
+from hf_parallel.layout import build_layout
+from hf_parallel.runner import Runner
 
 from .conftest import generate_alone, random_tokens
 
@@ -72,7 +75,7 @@ def test_streams_stop_at_eos_at_different_steps(arch_model):
 def test_stopped_streams_kept_until_the_bucket_shrinks(llama, monkeypatch):
     """The captured-step policy (stopped streams decode on, unrecorded, until the live ones fit a smaller
     bucket) run through eager steps on the CPU: the answers must still be each question's own."""
-    monkeypatch.setattr("hf_parallel.generation._Runner.captured_steps", property(lambda self: True))
+    monkeypatch.setattr("hf_parallel.runner.Runner.captured_steps", property(lambda self: True))
     gen = torch.Generator().manual_seed(12)
     prompts = _doc_questions(gen, 9)
     free = [generate_alone(llama, p, 12, None) for p in prompts]
@@ -96,8 +99,13 @@ def test_min_new_tokens_delays_eos(llama):
 
 
 def test_interleaved_layout_gives_the_same_tokens(llama):
+    """The reference paper's layout (answers interleaved step by step), a benchmark ablation run through the Runner."""
     gen = torch.Generator().manual_seed(13)
-    _check(llama, _doc_questions(gen, 5), layout="interleaved")
+    prompts = _doc_questions(gen, 5)
+    opts = GenerationOptions.resolve(llama, max_new_tokens=NEW, eos_token_id=[])
+    layout = build_layout(prompts, NEW, interleaved=True)
+    got = Runner(llama, layout, opts, resolve_backend("reference", llama.device)).run()
+    assert got == [generate_alone(llama, p, NEW, None) for p in prompts]
 
 
 def test_small_prefill_chunks_give_the_same_tokens(llama):

@@ -6,7 +6,6 @@ import pytest
 import torch
 import transformers
 
-import hf_parallel
 from hf_parallel import generate_parallel, generate_tokens
 
 from .conftest import VOCAB, tiny_model
@@ -72,12 +71,11 @@ def test_beam_search_and_unknown_options_are_refused(llama):
         generate_tokens(llama, [[3, 4]], max_tokens=4)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         generate_tokens(llama, [[3, 4]], max_new_tokens=0)
-    with pytest.raises(ValueError, match="layout must be one of"):
-        generate_tokens(llama, [[3, 4]], layout="diagonal")
     with pytest.raises(ValueError, match="unknown attention path"):
         generate_tokens(llama, [[3, 4]], attn="flash")
-    with pytest.raises(ValueError, match="own_tiles needs layout='stream'"):
-        generate_tokens(llama, [[3, 4]], own_tiles=True, layout="interleaved")
+    for ablation in ("layout", "own_tiles", "streams_per_tile"):  # benchmark ablations are not user options
+        with pytest.raises(TypeError, match=f"unknown generation option '{ablation}'"):
+            generate_tokens(llama, [[3, 4]], **{ablation: 1})
 
 
 def test_tokenizer_without_eos_is_refused(llama):
@@ -130,8 +128,69 @@ def test_model_method_needs_a_tokenizer(llama):
 
 
 def test_attention_outside_generation_says_so(llama):
-    from hf_parallel.attention import use_attention
+    from hf_parallel.attention import BACKENDS, use_attention
 
-    with use_attention(llama, "reference"), pytest.raises(RuntimeError, match="without a plan"):
+    before = llama.config._attn_implementation
+    with use_attention(llama, BACKENDS["reference"]), pytest.raises(RuntimeError, match="without a plan"):
         llama(torch.tensor([[3, 4]]))
-    assert llama.config._attn_implementation not in hf_parallel.attention.IMPLEMENTATIONS.values()
+    assert llama.config._attn_implementation == before
+
+
+@pytest.mark.parametrize("options, error, match", [
+    ({"max_new_tokens": 2.5}, TypeError, "max_new_tokens must be an int, got float"),
+    ({"max_new_tokens": "10"}, TypeError, "max_new_tokens must be an int, got str"),
+    ({"min_new_tokens": True}, TypeError, "min_new_tokens must be an int, got bool"),
+    ({"do_sample": "yes"}, TypeError, "do_sample must be a bool"),
+    ({"temperature": "hot", "do_sample": True}, TypeError, "temperature must be a number"),
+    ({"prefill_chunk": 1.5}, TypeError, "prefill_chunk must be an int"),
+    ({"eos_token_id": "2"}, TypeError, "eos_token_id must be an int or a list of ints"),
+    ({"attn": 3}, TypeError, "attn must be a string or an AttentionBackend"),
+])  # fmt: skip
+def test_options_of_the_wrong_type_are_named(llama, options, error, match):
+    with pytest.raises(error, match=match):
+        generate_tokens(llama, [[3, 4]], **options)
+
+
+@pytest.mark.parametrize("prompts, match", [
+    (["hello"], r"prompts\[0\] must be a list of token ids, got str"),
+    ("hello", "prompts must be a list of token-id lists, got str"),
+    (torch.tensor([3, 4, 5]), "got a 1-D tensor"),
+    ([[3, 4.5]], r"prompts\[0\] must hold integer token ids, got float"),
+    ([[3, None]], r"prompts\[0\] must hold integer token ids, got NoneType"),
+    (7, "prompts must be a list of token-id lists, got int"),
+])  # fmt: skip
+def test_prompts_of_the_wrong_type_are_named(llama, prompts, match):
+    with pytest.raises(TypeError, match=match):
+        generate_tokens(llama, prompts, max_new_tokens=2)
+
+
+def test_a_2d_tensor_of_prompts_is_one_prompt_per_row(llama):
+    prompts = torch.tensor([[3, 4, 5, 6], [3, 4, 7, 8]])
+    assert generate_tokens(llama, prompts, max_new_tokens=3, eos_token_id=[]) == generate_tokens(
+        llama, prompts.tolist(), max_new_tokens=3, eos_token_id=[]
+    )
+
+
+@pytest.mark.parametrize("document, questions, error, match", [
+    (123, ["q?"], TypeError, "document must be a string, got int"),
+    ("doc", [123], TypeError, "question 0 must be a string, got int"),
+    ("doc", None, TypeError, "questions must be a list of strings, got NoneType"),
+])  # fmt: skip
+def test_texts_of_the_wrong_type_are_named(llama, document, questions, error, match):
+    with pytest.raises(error, match=match):
+        generate_parallel(llama, WordTokenizer(), document, questions)
+
+
+@pytest.mark.parametrize("template, match", [
+    ("{document} and nothing else", "has no {question} field"),
+    ("{doc} {question}", r"names \['doc'\]"),
+    ("{document} {question", "not a valid format string"),
+])  # fmt: skip
+def test_templates_that_would_fail_or_ask_one_thing_are_refused(llama, template, match):
+    with pytest.raises(ValueError, match=match):
+        generate_parallel(llama, WordTokenizer(), "a document", ["q one?", "q two?"], template=template)
+
+
+def test_a_model_that_is_not_a_transformers_model_is_named(llama):
+    with pytest.raises(TypeError, match="model must be a transformers PreTrainedModel"):
+        generate_tokens(object(), [[3, 4]])

@@ -7,10 +7,10 @@ import torch
 
 from hf_parallel import generate_tokens
 
-from .conftest import generate_alone, path_options, random_tokens, tiny_model
+from .conftest import generate_alone, random_tokens, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-ATTNS = ["reference", "triton", "triton+own_tiles"]
+ATTNS = ["reference", "triton"]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma2", "gpt2"])
@@ -31,17 +31,15 @@ def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn):
         prompts = _prompts(seed, n, doc_len=30 + 10 * seed)
         free = [generate_alone(cuda_model, p, 10, None) for p in prompts]
         eos = sorted({free[0][2], free[-1][5]})  # streams leave at different steps: buckets shrink
-        got = generate_tokens(cuda_model, prompts, max_new_tokens=10, eos_token_id=eos, **path_options(attn))
+        got = generate_tokens(cuda_model, prompts, max_new_tokens=10, eos_token_id=eos, attn=attn)
         assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]
 
 
 @pytest.mark.parametrize("attn", ATTNS)
 def test_graphs_and_eager_agree(cuda_model, attn):
     prompts = _prompts(5, 9)
-    graphs = generate_tokens(cuda_model, prompts, max_new_tokens=12, eos_token_id=[], **path_options(attn))
-    eager = generate_tokens(
-        cuda_model, prompts, max_new_tokens=12, eos_token_id=[], cuda_graphs=False, **path_options(attn)
-    )
+    graphs = generate_tokens(cuda_model, prompts, max_new_tokens=12, eos_token_id=[], attn=attn)
+    eager = generate_tokens(cuda_model, prompts, max_new_tokens=12, eos_token_id=[], cuda_graphs=False, attn=attn)
     assert graphs == eager
 
 
@@ -61,5 +59,5 @@ def test_compiled_graphs_match_generate(cuda_model, attn):
     prompts = _prompts(7, 6)
     free = [generate_alone(cuda_model, p, 8, None) for p in prompts]
     eos = sorted({free[1][3]})
-    got = generate_tokens(cuda_model, prompts, max_new_tokens=8, eos_token_id=eos, compile=True, **path_options(attn))
+    got = generate_tokens(cuda_model, prompts, max_new_tokens=8, eos_token_id=eos, compile=True, attn=attn)
     assert got == [generate_alone(cuda_model, p, 8, eos) for p in prompts]

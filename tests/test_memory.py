@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel import generation
+from hf_parallel import generation, runner
 from hf_parallel.cache import PackedCache
 
 from .conftest import random_tokens
@@ -19,7 +19,7 @@ def test_cache_holds_one_copy_of_the_document(llama, n_questions, monkeypatch):
         doc + [3 + i] + random_tokens(question_len - 1, gen) for i in range(n_questions)
     ]  # no shared question prefix
     caches = []
-    monkeypatch.setattr(generation, "PackedCache", lambda *a: caches.append(PackedCache(*a)) or caches[-1])
+    monkeypatch.setattr(runner, "PackedCache", lambda *a: caches.append(PackedCache(*a)) or caches[-1])
     generation.generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])
     (cache,) = caches
     assert cache.num_slots == len(doc) + n_questions * (question_len + new)

@@ -80,7 +80,7 @@ def test_prompt_that_extends_another_candidate(llama):
 @pytest.mark.parametrize("chunk", [1, 5, 13])
 def test_split_forwards_match_plain_forward(llama, chunk):
     prompts, continuations = _depth2(torch.Generator().manual_seed(3))
-    _check(llama, prompts, continuations, max_tokens_per_forward=chunk)
+    _check(llama, prompts, continuations, prefill_chunk=chunk)
 
 
 def test_reference_attention_named(llama):
@@ -95,7 +95,7 @@ def test_triton_path_matches_plain_forward(arch):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = tiny_model(arch).to(device)
     prompts, continuations = _depth2(torch.Generator().manual_seed(7))
-    got = [score_continuations(model, prompts, continuations, attn="triton", max_tokens_per_forward=chunk)
+    got = [score_continuations(model, prompts, continuations, attn="triton", prefill_chunk=chunk)
            for chunk in (None, 9)]  # fmt: skip
     model = model.cpu()
     for p, cands in enumerate(continuations):
@@ -141,8 +141,8 @@ def test_bad_input_is_refused(llama, prompts, continuations, message):
 
 
 def test_bad_options_are_refused(llama):
-    with pytest.raises(ValueError, match="max_tokens_per_forward"):
-        score_continuations(llama, [[5]], [[[6]]], max_tokens_per_forward=0)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        score_continuations(llama, [[5]], [[[6]]], prefill_chunk=0)
     with pytest.raises(ValueError, match="unknown attention path"):
         score_continuations(llama, [[5]], [[[6]]], attn="flash")
     assert score_continuations(llama, [], []) == []

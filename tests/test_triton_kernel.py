@@ -20,12 +20,14 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from hf_parallel import generate_tokens  # noqa: E402
+from hf_parallel import GenerationOptions  # noqa: E402
 from hf_parallel.attention import tiles as tile_plans  # noqa: E402
-from hf_parallel.attention import triton as launcher
+from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
+from hf_parallel.attention.triton import TritonBackend  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
+from hf_parallel.plan import AttentionPlan, Row, SlotIds  # noqa: E402
+from hf_parallel.runner import Runner  # noqa: E402
 from hf_parallel.triton_kernels import stream_attention as kernels  # noqa: E402
 
 from .conftest import generate_alone, random_tokens, tiny_model  # noqa: E402
@@ -72,7 +74,7 @@ def make_plan(layout, q_slot: torch.Tensor, kv_len: int | None = None) -> Attent
     ids = SlotIds.from_layout(layout, DEVICE)
     q_slot = q_slot.to(DEVICE).contiguous()
     kv_len = kv_len or int(q_slot.max()) + 1
-    return AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, layout)
+    return AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids)
 
 
 def decode_slots(layout, step: int, seed: int) -> torch.Tensor:
@@ -95,18 +97,15 @@ def random_qkv(plan, heads, kv_heads, dim, dtype, seed, cache_order="hsd"):
 
 
 def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_len=None, tiles=None,
-          streams_per_tile=None, num_splits=None, cache_order="hsd", own_tiles=False, **attn):  # fmt: skip
+          streams_per_tile=None, num_splits=None, cache_order="hsd", **attn):  # fmt: skip
     """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance."""
     plan = make_plan(layout, q_slot, kv_len)
     q, k, v = random_qkv(plan, *heads, dim, dtype, seed, cache_order)
     want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, **attn)[0]
     group = heads[0] // heads[1]
-    if own_tiles:
-        tiles = tiles or tile_plans.build_split_plans(layout, q_slot, group, streams_per_tile=streams_per_tile,
-                                                      device=DEVICE)  # fmt: skip
     tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE)
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
-    config = launcher.default_config(q, k, tiles.shared if own_tiles else tiles)
+    config = launcher.default_config(q, k, tiles)
     config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
     launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, **attn)
     atol, rtol = TOLERANCE[dtype]
@@ -175,29 +174,6 @@ def test_one_stream_per_tile(mode):
         assert tiles.num_tiles == layout.num_prompts
 
 
-@pytest.mark.parametrize("mode", ["prefill", "decode"])
-@pytest.mark.parametrize("n_streams", STREAMS)
-def test_own_tiles(n_streams, mode):
-    """The split plans (shared segments in packed tiles, own segments in 16-row tiles, merged by LSE)."""
-    i = STREAMS.index(n_streams)
-    layout = doc_questions(n_streams, seed=40 + n_streams)
-    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=i)
-    for j, dtype in enumerate(DTYPES):
-        k = i + j
-        check(layout, q_slot, HEADS[k % len(HEADS)], HEAD_DIMS[k % len(HEAD_DIMS)], dtype, seed=k,
-              num_splits=[None, 1, 3][k % 3], own_tiles=True)  # fmt: skip
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_own_tiles_on_random_prefix_trees(seed):
-    rng = random.Random(seed)
-    layout = build_layout(random_tree_prompts(rng), max_new_tokens=5, interleaved=False)
-    prefill = layout.prompt_slots()[0]
-    for q_slot in (prefill[rng.randrange(len(prefill)) :], layout.answer_slots[:, rng.randrange(5)]):
-        check(layout, q_slot, HEADS[seed % len(HEADS)], 16, seed=seed, own_tiles=True, **(
-            {"sliding_window": 7} if seed % 2 else {}))  # fmt: skip
-
-
 def test_edges():
     layout = doc_questions(4, seed=4)
     check(layout, layout.answer_slots[:, 0])  # decode right after the prompts
@@ -237,24 +213,18 @@ def test_plan_stays_valid_across_steps_and_refills_in_place():
         check(layout, layout.answer_slots[live, step], kv_len=layout.num_slots, tiles=buffers)
 
 
-@pytest.mark.parametrize("own_tiles", [False, True])
-def test_graph_tiles_refill_for_the_live_streams(own_tiles):
-    """`GraphTiles`, the captured step's static plan (split with own_tiles), refilled as streams leave."""
-    from types import SimpleNamespace
-
-    from transformers import LlamaConfig
-
+def test_static_plan_refills_for_the_live_streams():
+    """The Triton backend's `StaticPlan` (a captured step's tile buffers), refilled as streams leave."""
     layout = doc_questions(6, seed=11)
-    config = LlamaConfig(num_attention_heads=4, num_key_value_heads=2)
-    runner = SimpleNamespace(model=SimpleNamespace(config=config), layout=layout, device=DEVICE,
-                             opts=SimpleNamespace(streams_per_tile=None, own_tiles=own_tiles))  # fmt: skip
-    state = tile_plans.GraphTiles(runner, bucket=8)
-    assert isinstance(state.tiles, tile_plans.SplitTiles) == own_tiles
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    static = TritonBackend().static_plan(row, bucket=8)
     for live, steps in [(list(range(6)), (0, 3)), ([1, 4, 5], (4, 8)), ([2], (8,))]:
         live = live + live[-1:] * (8 - len(live))  # the bucket's padding rows repeat the last live row
-        state.refill(layout.answer_slots[live, steps[0]].to(DEVICE), layout)
+        static.update(row, layout.answer_slots[live, steps[0]].to(DEVICE))
         for t in steps:
-            check(layout, layout.answer_slots[live, t], kv_len=layout.num_slots, tiles=state.tiles, own_tiles=own_tiles)
+            q_slot = layout.answer_slots[live, t].to(DEVICE)
+            assert static.plan(row, q_slot).tiles is static.tiles
+            check(layout, q_slot, kv_len=layout.num_slots, tiles=static.tiles)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs")
@@ -268,7 +238,7 @@ def test_captured_step_replays_with_refilled_plan():
     out = torch.empty(1, rows, heads[0], dim, dtype=q.dtype, device=DEVICE)
 
     def step():
-        plan = AttentionPlan(slots, ids.slot_seg[slots], ids.slot_pos[slots], layout.num_slots, ids, layout)
+        plan = AttentionPlan(slots, ids.slot_seg[slots], ids.slot_pos[slots], layout.num_slots, ids)
         launcher.stream_attention(q, k, v, plan, tiles, out=out)
 
     def write(live, t):  # pad by repeating the last live row, as the generation loop does
@@ -335,47 +305,6 @@ def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_til
                 assert by_plan == set(mask[n].nonzero().flatten().tolist())
 
 
-def test_own_tiles_run_one_plan_where_a_part_is_empty():
-    """A document's prefill has no shared part and unrelated prompts no shared segment: one plan, same output."""
-    gen = torch.Generator().manual_seed(12)
-    unrelated = build_layout([random_tokens(5 + i, gen) for i in range(3)], 4, False)
-    layout = doc_questions(3, seed=12)
-    cases = [(layout, torch.arange(DOC), tile_plans.TilePlan),
-             (layout, layout.answer_slots[:, 2], tile_plans.SplitTiles),
-             (unrelated, unrelated.answer_slots[:, 1], tile_plans.TilePlan)]  # fmt: skip
-    for lay, q_slot, kind in cases:
-        plan = make_plan(lay, q_slot)
-        plan.cache["own_tiles"] = True
-        q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
-        out = launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
-        assert type(plan.cache["triton_plan"]) is kind
-        want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
-        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_split_plans_partition_the_visible_slots(seed):
-    """Shared + own plans: every query sees each visible slot in exactly one of them, an own tile holds
-    at most one dot's worth of streams, and it scans only slots that one stream alone sees."""
-    for layout, q_slot, plan, mask in random_forwards(seed, interleaved=False):
-        split = tile_plans.build_split_plans(layout, q_slot, group=1, block_m=16, own_block_m=16)
-        slots, q_seg = q_slot.tolist(), plan.q_seg.cpu()
-        seen = {n: [] for n in range(len(slots))}
-        for tiles in (split.shared, split.own):
-            for t, members in enumerate(tiles.tile_query.tolist()):
-                members = [n for n in members if n >= 0]
-                scanned = scanned_slots(tiles, t, members, slots, plan.kv_len)
-                if tiles is split.own:
-                    assert len({int(q_seg[n]) for n in members}) <= tile_plans.own_streams_per_tile(1)
-                    for k in {k for _, keys in scanned for k in keys}:
-                        assert len(set(q_seg[mask[:, k]].tolist())) == 1  # no shared slot in an own tile
-                for r, keys in scanned:
-                    for j, n in enumerate(members):
-                        seen[n] += [k for k in keys if k <= slots[n] and k < tiles.limits[r, j]]
-        for n, keys in seen.items():
-            assert sorted(keys) == mask[n].nonzero().flatten().tolist()  # each visible slot exactly once
-
-
 def test_launcher_refuses_bad_inputs():
     layout = doc_questions(2, seed=7)
     plan = make_plan(layout, layout.answer_slots[:, 1])
@@ -393,34 +322,33 @@ def test_launcher_refuses_bad_inputs():
         launcher.stream_attention(big, big[:, :2], big[:, :2], plan, tiles)
     with pytest.raises(ValueError, match="group"):
         launcher.stream_attention(q, k[:, :1], v[:, :1], plan, tiles)
-    with pytest.raises(ValueError, match="layout"):
-        launcher.triton_attention(MODULE, q, k, v, None, pp_plan=AttentionPlan.for_slots(plan.q_slot, plan.ids))
+    with pytest.raises(ValueError, match="needs a TritonPlan with its tiles"):
+        TritonBackend().attention(MODULE, q, k, v, None, pp_plan=AttentionPlan.for_slots(plan.q_slot, plan.ids))
     with pytest.raises(ValueError, match="block_m"):
         tile_plans.build_tile_plan(layout, plan.q_slot, group=2, block_m=24)
 
 
-def test_plan_is_built_once_per_forward():
+@pytest.mark.parametrize("streams_per_tile", [None, 1])
+def test_backend_plans_once_and_every_layer_runs_on_it(streams_per_tile):
+    """`TritonBackend.plan` builds the forward's tiles on the host; its attention (a layer) matches the reference."""
     layout = doc_questions(3, seed=8)
-    plan = make_plan(layout, layout.answer_slots[:, 1])
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    backend = TritonBackend(streams_per_tile)
+    plan = backend.plan(row, layout.answer_slots[:, 1].to(DEVICE))
+    tiles = plan.tiles
+    assert tiles.num_tiles == (3 if streams_per_tile == 1 else 1)
     q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
-    out, weights = launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)
-    tiles = plan.cache["triton_plan"]
-    launcher.triton_attention(MODULE, q, k, v, None, pp_plan=plan)
-    assert plan.cache["triton_plan"] is tiles and weights is None and out.shape == (1, q.shape[2], 4, 16)
+    for _ in range(2):  # two layers
+        out, weights = backend.attention(MODULE, q, k, v, None, pp_plan=plan)
+        assert plan.tiles is tiles and weights is None
+        want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
-E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("qwen2", {"own_tiles": True})]
-E2E_CUDA = [
-    ("qwen2", {}),
-    ("gemma", {}),
-    ("phi3", {}),
-    ("gpt2", {}),
-    ("llama", {"layout": "interleaved"}),
-    ("gemma2", {"own_tiles": True}),
-    ("llama", {"own_tiles": True}),
-]
+E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1})]
+E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"interleaved": True})]
 
 
 @pytest.mark.parametrize(
@@ -435,6 +363,8 @@ def test_generate_matches_model_generate(arch, options):
     doc = random_tokens(30, gen)
     prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]  # and a second root
     # eager decode: CUDA-graph capture of this path is the generation loop's business, tested there
-    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], attn="triton", cuda_graphs=False,
-                          **options)  # fmt: skip
+    opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
+                                     attn=TritonBackend(options.get("streams_per_tile")))  # fmt: skip
+    layout = build_layout(prompts, 6, interleaved=options.get("interleaved", False))
+    got = Runner(model, layout, opts, opts.attn).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]

@@ -1,4 +1,4 @@
-"""Attention paths of hf_parallel, registered with Transformers' AttentionInterface.
+"""Attention paths of hf_parallel: backend objects, registered with Transformers' AttentionInterface.
 
 No mask function is registered on purpose: for an implementation name absent from
 the mask registry, `create_causal_mask` returns None at once (transformers 5.17 and
@@ -10,37 +10,59 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
 from transformers import AttentionInterface, PreTrainedModel
 
-from .reference import reference_attention
+from .backend import AttentionBackend, StaticPlan
+from .reference import ReferenceBackend
 
-IMPLEMENTATIONS = {"reference": "hf_parallel_reference"}
-# attention path -> factory(runner, bucket) of the static state a captured decode step needs
-# (an object with `install(plan)` and `refill(slots, layout)`); paths with none are absent.
-GRAPH_STATES: dict = {}
-
-AttentionInterface.register(IMPLEMENTATIONS["reference"], reference_attention)
+BACKENDS: dict[str, AttentionBackend] = {"reference": ReferenceBackend()}
 
 try:  # the Triton path is optional: without triton the package serves the reference path alone
-    from .tiles import GraphTiles
-    from .triton import triton_attention
+    from .triton import TritonBackend
 except ImportError:
     pass
 else:
-    IMPLEMENTATIONS["triton"] = "hf_parallel_triton"
-    AttentionInterface.register(IMPLEMENTATIONS["triton"], triton_attention)
-    GRAPH_STATES["triton"] = GraphTiles
+    BACKENDS["triton"] = TritonBackend()
+
+__all__ = ["BACKENDS", "AttentionBackend", "StaticPlan", "resolve_backend", "use_attention"]
+
+
+def resolve_backend(attn: str | AttentionBackend, device: torch.device) -> AttentionBackend:
+    """The backend `attn` names on `device` ("auto": triton on CUDA when installed, else reference)."""
+    if isinstance(attn, AttentionBackend):
+        return attn
+    if attn == "auto":
+        attn = "triton" if device.type == "cuda" and "triton" in BACKENDS else "reference"
+    if attn not in BACKENDS:
+        raise ValueError(f"unknown attention path {attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
+                         "or pass an AttentionBackend")  # fmt: skip
+    return BACKENDS[attn]
 
 
 @contextlib.contextmanager
-def use_attention(model: PreTrainedModel, attn: str):
-    """Route `model`'s attention through hf_parallel's `attn` path for the duration of the block."""
-    if attn not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown attention path {attn!r}; choose one of {sorted(IMPLEMENTATIONS)}")
-    config = model.config
-    previous = config._attn_implementation
-    config._attn_implementation = IMPLEMENTATIONS[attn]
+def use_attention(model: PreTrainedModel, backend: AttentionBackend):
+    """Route `model`'s attention through `backend` for the duration of the block."""
+    if not backend.name:
+        raise ValueError(f"{type(backend).__name__} has no name to register with transformers' AttentionInterface")
+    if AttentionInterface().get(backend.name) != backend.attention:
+        AttentionInterface.register(backend.name, backend.attention)
+    previous = _implementations(model.config)
+    model.set_attn_implementation(backend.name)
+    if model.config._attn_implementation != backend.name:
+        raise NotImplementedError(
+            f"{type(model).__name__} does not let its attention implementation be set (set_attn_implementation "
+            "refused it), so hf_parallel cannot apply its stream mask"
+        )
     try:
         yield
     finally:
-        config._attn_implementation = previous
+        model.set_attn_implementation(previous)
+
+
+def _implementations(config) -> str | dict:
+    """The attention implementation of `config` and of each sub-config, as `set_attn_implementation` takes them
+    back (a composite model's sub-models may use different ones)."""
+    subs = {key: getattr(config, key) for key in getattr(config, "sub_configs", {})}
+    own = {key: sub._attn_implementation for key, sub in subs.items() if sub is not None}
+    return {"": config._attn_implementation, **own} if own else config._attn_implementation

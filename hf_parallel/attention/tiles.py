@@ -7,10 +7,7 @@ every ancestor segment and of each query's own segment.  In the stream-major lay
 those are the only slots visited, so nothing is scanned and thrown away.  An own range
 is clipped in-kernel to its query's slot, so one plan over whole answer regions stays
 valid for every decode step while the set of live streams is unchanged (what a
-captured CUDA graph needs: `TilePlan.allocate` once, `fill_` when streams leave;
-`GraphTiles` does that for hf_parallel's captured decode steps).  `build_split_plans` makes
-two plans of one forward (`SplitTiles`, the `own_tiles` option): shared segments in packed
-tiles, the streams' own segments in tiles of one dot's worth of rows.
+captured CUDA graph needs: `TilePlan.allocate` once, `fill_` when streams leave).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import torch
 import triton
 
 from ..layout import Layout
-from ..plan import AttentionPlan
 
 MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
 MIN_DOT_ROWS = 16  # tl.dot's fewest rows
@@ -94,89 +90,25 @@ class TilePlan:
         return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
 
 
-@dataclass
-class SplitTiles:
-    """Two tile plans of one forward whose ranges split what each query sees in two.
-
-    shared: the segments that several of the forward's streams see (the document, a shared
-            system prompt), in tiles packing many streams, so each shared KV tile is read once
-            for all of them.
-    own:    the segments one stream alone sees (its question and answer), in tiles of at most
-            as many streams as fill the smallest dot (16 rows: 16 streams without GQA, 2 of
-            Qwen2.5's groups of 7 query heads), so a stream's own keys are multiplied against
-            no more rows than a one-stream tile would pad to (with 64 streams a packed tile
-            multiplies them against 64 rows, of which one sees them).
-    Each plan writes a partial output and log-sum-exp per row; `combine_splits` merges them.
-    """
-
-    shared: TilePlan
-    own: TilePlan
-
-    def to(self, device) -> SplitTiles:
-        return SplitTiles(self.shared.to(device), self.own.to(device))
-
-    def fill_(self, plan: SplitTiles) -> SplitTiles:
-        self.shared.fill_(plan.shared)
-        self.own.fill_(plan.own)
-        return self
-
-
 def build_tile_plan(
     layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
-    streams_per_tile: int | None = None, device: torch.device | str | None = None, part: str = "all",
+    streams_per_tile: int | None = None, device: torch.device | str | None = None,
 ) -> TilePlan:  # fmt: skip
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
     group: query heads per KV head.  block_m: rows per tile (default: 64, or the smallest
     power of two >= 16 holding the fullest tile; pass it to match preallocated buffers).
     streams_per_tile: most distinct segments (streams) per tile; None = as many as fit.
-    part: "all" the ranges each query sees; "shared" only those of segments that two or more
-    of the forward's query segments descend from; "own" only the others (see `SplitTiles`).
     """
-    if part not in ("all", "shared", "own"):
-        raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
     q_slot = q_slot.cpu().numpy().astype(np.int64)
     q_seg = layout.slot_seg.numpy()[q_slot]
-    keep = None if part == "all" else _part_filter(layout, q_seg, part == "shared")
     rows = _block_m(group, block_m)
     tiles = _group_queries(q_seg, rows // group, streams_per_tile)
     if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
         rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
-    ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group, keep) for members in tiles]
+    ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
     plan = _pack(tiles, ranges, rows, group)
     return plan if device is None else plan.to(device)
-
-
-def build_split_plans(
-    layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None, own_block_m: int | None = None,
-    streams_per_tile: int | None = None, device: torch.device | str | None = None,
-) -> SplitTiles:  # fmt: skip
-    """`SplitTiles` of a forward: shared segments in tiles of up to `streams_per_tile` streams (rows
-    `block_m`), own segments in tiles of up to `own_streams_per_tile(group)` streams (rows `own_block_m`,
-    default the smallest that fits)."""
-    if layout.interleaved:
-        raise ValueError("own tiles need the stream-major layout: interleaved answers are strided, so each "
-                         "stream's tile would scan every stream's answer slots")  # fmt: skip
-    shared = build_tile_plan(layout, q_slot, group, block_m, streams_per_tile, device, part="shared")
-    own = build_tile_plan(layout, q_slot, group, own_block_m, own_streams_per_tile(group), device, part="own")
-    return SplitTiles(shared, own)
-
-
-def own_streams_per_tile(group: int) -> int:
-    """Streams per own tile: as many as one decode query each fills the smallest dot with."""
-    return max(1, MIN_DOT_ROWS // group)
-
-
-def _part_filter(layout: Layout, q_seg: np.ndarray, shared: bool):
-    """keep(segment) for one part: shared = two or more distinct query segments lie in its subtree."""
-    segs = np.unique(q_seg)
-    ends = layout.seg_end.numpy()
-
-    def keep(seg: int) -> bool:
-        below = int(np.searchsorted(segs, ends[seg]) - np.searchsorted(segs, seg))
-        return (below >= 2) == shared
-
-    return keep
 
 
 def _block_m(group: int, block_m: int | None) -> int:
@@ -205,9 +137,8 @@ def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | Non
     return tiles + [members] if members else tiles
 
 
-def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: np.ndarray, width: int, keep=None):
-    """The tile's merged ranges [T, 4] and each member's visible limit in each [T, width] (only the
-    segments `keep` accepts, when given).
+def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: np.ndarray, width: int):
+    """The tile's merged ranges [T, 4] and each member's visible limit in each [T, width].
 
     A segment joins the range before it only if it is the child of that range's last segment and
     some member sees that one whole, so a range is a chain down the tree and what any member sees
@@ -220,10 +151,8 @@ def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: 
         clip = max(own, key=lambda n: q_slot[n])  # the own segment is seen up to its last query
         chain = layout.ancestors(seg)
         for a in chain[:-1]:
-            if keep is None or keep(a):
-                _add_range(found, layout, a, -1, q_slot)
-        if keep is None or keep(seg):
-            _add_range(found, layout, seg, clip, q_slot)
+            _add_range(found, layout, a, -1, q_slot)
+        _add_range(found, layout, seg, clip, q_slot)
         for n in own:
             ends[members.index(n)] = [c.slot_start + c.length for c in map(layout.segments.__getitem__, chain)
                                       if c.slot_start >= 0]  # fmt: skip
@@ -273,37 +202,3 @@ def query_group(model_config) -> int:
     """Query heads per KV head of a model (1 without grouped-query attention)."""
     config = model_config.get_text_config()
     return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-
-
-class GraphTiles:
-    """The static tile plan of one captured decode step (see `hf_parallel.graphs`).
-
-    `install` puts the preallocated buffers into the captured forward's plan; `refill`
-    rewrites them in place for the streams now live (before a replay).  With `own_tiles`
-    the buffers are a `SplitTiles` pair.
-    """
-
-    def __init__(self, runner, bucket: int):
-        self.group = query_group(runner.model.config)
-        self.streams_per_tile = runner.opts.streams_per_tile
-        self.own_tiles = runner.opts.own_tiles
-        shared = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=self.streams_per_tile,
-                                   device=runner.device)  # fmt: skip
-        if self.own_tiles:
-            own = TilePlan.allocate(runner.layout, bucket, self.group, streams_per_tile=own_streams_per_tile(self.group),
-                                    device=runner.device)  # fmt: skip
-            self.tiles = SplitTiles(shared, own)
-        else:
-            self.tiles = shared
-
-    def install(self, plan: AttentionPlan) -> None:
-        plan.cache["triton_plan"] = self.tiles
-
-    def refill(self, slots: torch.Tensor, layout: Layout) -> None:
-        """Raises ValueError when `layout` needs more ranges than the buffers hold (capture again)."""
-        if self.own_tiles:
-            plan = build_split_plans(layout, slots, self.group, self.tiles.shared.block_m, self.tiles.own.block_m,
-                                     self.streams_per_tile)  # fmt: skip
-        else:
-            plan = build_tile_plan(layout, slots, self.group, self.tiles.block_m, self.streams_per_tile)
-        self.tiles.fill_(plan.to(slots.device))

@@ -1,7 +1,8 @@
-"""Triton stream-id attention: the launcher of the kernel in `hf_parallel.triton_kernels`.
+"""Triton stream-id attention: the backend, and the launcher of the kernel in `hf_parallel.triton_kernels`.
 
-The tile plan (which KV slot ranges each row tile visits) is built once per forward
-by `tiles.build_tile_plan` and memoized in the plan; every layer reuses it.
+`TritonBackend.plan` builds the forward's tile plan (which KV slot ranges each row tile
+visits) once on the host; every layer's launch reuses it.  A captured decode step keeps
+its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when streams leave.
 """
 
 from __future__ import annotations
@@ -12,45 +13,78 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..plan import AttentionPlan, SlotIds
+from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
+from .backend import AttentionBackend
 from .reference import check_attention_call
-from .tiles import SplitTiles, TilePlan, build_split_plans, build_tile_plan, query_group
+from .tiles import TilePlan, build_tile_plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 16
 
 
-def triton_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    pp_plan: AttentionPlan | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
-    check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
-    if torch.compiler.is_compiling():  # inside torch.compile: the kernel as an opaque op, its tiles planned before
-        if "triton_plan" not in pp_plan.cache:
-            raise RuntimeError("a compiled forward cannot plan its tiles (a host sync): put them in "
-                               "pp_plan.cache['triton_plan'] before calling the compiled model")  # fmt: skip
-        return _compiled_stream_attention(query, key, value, pp_plan, pp_plan.cache["triton_plan"], scaling,
-                                          sliding_window, softcap), None  # fmt: skip
-    tiles = _forward_tiles(pp_plan, query.shape[1] // max(key.shape[1], 1), query.device)
-    out = stream_attention(query, key, value, pp_plan, tiles, scaling, sliding_window, softcap)
-    return out, None
+@dataclass
+class TritonPlan(AttentionPlan):
+    """A plan with the forward's tile plan, built before the forward (every layer reuses it)."""
+
+    tiles: TilePlan | None = None
 
 
-def plan_tiles(plan: AttentionPlan, model_config) -> TilePlan | SplitTiles:
-    """The forward's tile plan, built now on the host (before a compiled forward, which cannot)."""
-    return _forward_tiles(plan, query_group(model_config), plan.q_slot.device)
+class TritonStaticPlan:
+    """A captured step's tile plan in buffers sized for `bucket` queries, refilled when streams leave."""
+
+    def __init__(self, backend: TritonBackend, row: Row, bucket: int):
+        self.streams_per_tile = backend.streams_per_tile
+        self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
+                                       device=row.device)  # fmt: skip
+
+    def plan(self, row: Row, q_slot: torch.Tensor) -> TritonPlan:
+        return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles)
+
+    def update(self, row: Row, q_slot: torch.Tensor) -> None:
+        """Raises ValueError when the live streams need more ranges than the buffers hold (capture again)."""
+        tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile)
+        self.tiles.fill_(tiles.to(q_slot.device))
+
+
+class TritonBackend(AttentionBackend):
+    """The stream mask evaluated in-kernel from index tensors, KV tiles visited by a per-forward tile plan.
+
+    streams_per_tile: most streams packed into one row tile (None: as many as fit).  `1` reads
+        the document once per stream, as a prefix-caching server does: the benchmark's P = 1.
+    """
+
+    name = "hf_parallel_triton"
+    prefill_chunk = 8192  # no mask to bound it, and fewer forwards cost less host time (benchmarked)
+
+    def __init__(self, streams_per_tile: int | None = None):
+        if streams_per_tile is not None and streams_per_tile < 1:
+            raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
+        self.streams_per_tile = streams_per_tile
+
+    def attention(
+        self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+        softcap=None, pp_plan: TritonPlan | None = None, **kwargs,
+    ) -> tuple[torch.Tensor, None]:  # fmt: skip
+        """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
+        check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
+        if getattr(pp_plan, "tiles", None) is None:
+            raise ValueError("the Triton attention path needs a TritonPlan with its tiles (TritonBackend.plan)")
+        if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
+            return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap), None
+        return stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap), None
+
+    def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
+        tiles = build_tile_plan(row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
+        return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=tiles)
+
+    def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
+        return TritonStaticPlan(self, row, bucket)
+
+    @property
+    def graph_key(self) -> tuple:
+        return (self.name, self.streams_per_tile)
 
 
 @torch.library.custom_op("hf_parallel::stream_attention", mutates_args=())
@@ -59,16 +93,10 @@ def _stream_attention_op(
     q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
     tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
     block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
-    own_tile_query: torch.Tensor | None, own_range_ptr: torch.Tensor | None, own_ranges: torch.Tensor | None,
-    own_limits: torch.Tensor | None, own_block_m: int, own_max_tile_ranges: int,
 ) -> torch.Tensor:  # fmt: skip
-    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op
-    (the own_* tensors: the own plan of `SplitTiles`, None without one)."""
+    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
     plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end))
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
-    if own_tile_query is not None:
-        own = TilePlan(own_tile_query, own_range_ptr, own_ranges, own_limits, own_block_m, group, own_max_tile_ranges)
-        tiles = SplitTiles(tiles, own)
     return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None)
 
 
@@ -77,38 +105,13 @@ def _(query, key, value, *args):
     return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
 
 
-def _compiled_stream_attention(query, key, value, plan: AttentionPlan, tiles: TilePlan | SplitTiles, scaling, window,
-                               softcap):  # fmt: skip
-    ids = plan.ids
-    main, own = (tiles.shared, tiles.own) if isinstance(tiles, SplitTiles) else (tiles, None)
-    own_args = (own.tile_query, own.range_ptr, own.ranges, own.limits, own.block_m, own.max_tile_ranges) if own else (
-        None, None, None, None, 0, 0)  # fmt: skip
+def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap):
+    ids, tiles = plan.ids, plan.tiles
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
-        main.tile_query, main.range_ptr, main.ranges, main.limits, main.block_m, main.group,
-        main.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
-        *own_args,
+        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
+        tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
     )  # fmt: skip
-
-
-def _forward_tiles(plan: AttentionPlan, group: int, device: torch.device) -> TilePlan | SplitTiles:
-    """The forward's tile plan, built by the first layer and reused by the others (or set by the caller)."""
-    if "triton_plan" not in plan.cache:
-        if plan.layout is None:
-            raise ValueError("the Triton attention path plans its tiles from the layout: build the plan with one")
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "a captured forward cannot plan its tiles (a host sync): put a `TilePlan.allocate`d "
-                "plan in pp_plan.cache['triton_plan'] before capture and `fill_` it between replays"
-            )
-        spt = plan.cache.get("streams_per_tile")
-        if plan.cache.get("own_tiles"):
-            split = build_split_plans(plan.layout, plan.q_slot, group, None, None, spt, device)
-            empty = [part.ranges.shape[0] == 0 for part in (split.shared, split.own)]  # e.g. a document's prefill
-            plan.cache["triton_plan"] = split.own if empty[0] else split.shared if empty[1] else split
-        else:
-            plan.cache["triton_plan"] = build_tile_plan(plan.layout, plan.q_slot, group, None, spt, device)
-    return plan.cache["triton_plan"]
 
 
 @dataclass(frozen=True)
@@ -135,37 +138,28 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 
 
 def stream_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan | SplitTiles,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     config: KernelConfig | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
 
-    With `SplitTiles` the shared plan runs in `config`'s KV splits and the own plan in one more;
-    `combine_splits` merges them all (`config` sets both plans' tiles, the own plan never splits).
+    With more than one KV split per tile, each split writes a partial output and `combine_splits`
+    merges them.
     """
-    split = isinstance(tiles, SplitTiles)
-    _check_inputs(query, key, value, plan, tiles.shared if split else tiles)
-    if split:
-        _check_inputs(query, key, value, plan, tiles.own)
+    _check_inputs(query, key, value, plan, tiles)
     _, heads, n, dim = query.shape
-    main = tiles.shared if split else tiles
-    cfg = config or default_config(query, key, main)
+    cfg = config or default_config(query, key, tiles)
     splits = cfg.num_splits
-    parts = splits + 1 if split else splits  # partial outputs to merge (1: the kernel writes `out` itself)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
-    part_o = torch.empty(parts, n, heads, dim, dtype=torch.float32, device=query.device) if parts > 1 else out
-    part_lse = torch.empty(parts, n, heads, dtype=torch.float32, device=query.device) if parts > 1 else out
-    attn = dict(scaling=scaling if scaling is not None else dim**-0.5, softcap=softcap, window=sliding_window)
-    _launch(query, key, value, out, part_o, part_lse, plan, main, cfg, parts > 1, **attn)
-    if split:  # the own plan: one more partial output, after the shared plan's splits
-        own = default_config(query, key, tiles.own)
-        own_cfg = KernelConfig(config.block_n if config else own.block_n, 1, own.num_warps, own.num_stages)
-        _launch(query, key, value, out, part_o[splits:], part_lse[splits:], plan, tiles.own, own_cfg, True, **attn)
-    if parts > 1:
+    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
+    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
+    scale = scaling if scaling is not None else dim**-0.5
+    _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window)
+    if splits > 1:
         block_d = max(16, triton.next_power_of_2(dim))
         kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
-            part_o, part_lse, out, n * heads, heads, parts, out.stride(1), out.stride(2),
+            part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
             HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
         )  # fmt: skip
     return out

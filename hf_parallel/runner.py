@@ -1,0 +1,169 @@
+"""The generation loop over one packed row: prefill every prompt token once, then decode all streams together.
+
+    prefill   every prompt token of the prefix tree once (shared prefixes once), in
+              slot order and chunks of `prefill_chunk`, keeping one logit row per prompt
+    decode    each step one forward over one new token per live stream, per-token
+              positions, per-stream sampling and stopping; finished streams leave
+
+The loop asks its attention backend for each forward's plan and knows nothing else of it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+from transformers import PreTrainedModel
+
+from .attention import AttentionBackend, use_attention
+from .attention.tiles import query_group
+from .cache import PackedCache
+from .graphs import StaticRow, bucket
+from .layout import Layout
+from .options import GenerationOptions
+from .plan import AttentionPlan, Row, SlotIds
+from .sampling import Sampler
+
+RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per live count without CUDA graphs)
+
+
+class Runner:
+    """One generation over one packed row: the row's cache and slot ids, and its forwards.
+
+    With CUDA graphs the row is a `StaticRow` kept on the model and reused by later
+    calls (same buffers, so the captured decode steps replay); otherwise it is fresh.
+    `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
+    of its own), to be called inside `use_attention(model, backend)`.
+    """
+
+    def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend):
+        self.model, self.layout, self.opts, self.backend = model, layout, opts, backend
+        self.device = model.device
+        self.static = StaticRow.for_model(model, layout) if opts.cuda_graphs and self.device.type == "cuda" else None
+        if self.static is not None:
+            ids, self.cache, capacity = self.static.load(layout), self.static.cache, self.static.capacity
+        else:
+            ids = SlotIds.from_layout(layout, self.device)
+            self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
+            capacity = layout.num_slots
+        self.row = Row(layout, ids, capacity, query_group(model.config))
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.compile_failed = False
+
+    @torch.inference_mode()
+    def run(self) -> list[list[int]]:
+        """Every prompt's new tokens, each up to and including EOS when generated."""
+        with use_attention(self.model, self.backend):
+            return self.decode(self.prefill())
+
+    def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
+        """The backend's plan of a forward over the tokens written at `q_slot` [N]."""
+        return self.backend.plan(self.row, q_slot, kv_len)
+
+    def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor, step: bool = False):
+        """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`.
+
+        step: a decode step, run compiled when `compile` is on (prefill chunks run as they are);
+        if compilation fails, this and later steps run as they are, with a warning.
+        """
+        self.cache.plan = plan
+        kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
+                      logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
+        if step and self.opts.compile and not self.compile_failed:
+            try:
+                with recompile_limit(RECOMPILE_LIMIT):
+                    return compiled_call(self.model)(**kwargs).logits[0].float()
+            except Exception as err:  # noqa: BLE001 - a real input error recurs below, uncompiled
+                if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                    raise
+                warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: {err}); "
+                              "running it uncompiled", stacklevel=2)  # fmt: skip
+                self.compile_failed = True
+        return self.model(**kwargs).logits[0].float()
+
+    def prefill(self) -> torch.Tensor:
+        """Run every prompt token once; logits [P, V] at each prompt's last token."""
+        slots, tokens, _ = self.layout.prompt_slots()
+        last = self.layout.last_prompt_slots()
+        logits = torch.empty(len(last), self.model.config.get_text_config().vocab_size, device=self.device)
+        size = self.opts.prefill_chunk_for(self.backend)
+        for start in range(0, len(slots), size):
+            chunk = slots[start : start + size]
+            rows, prompts, inverse = _last_rows(chunk, last)
+            ids = tokens[start : start + len(chunk)]
+            out = self.forward(self.plan(chunk.to(self.device)), ids.to(self.device), rows.to(self.device))
+            logits[prompts.to(self.device)] = out[inverse.to(self.device)]
+        return logits
+
+    def decode(self, logits: torch.Tensor) -> list[list[int]]:
+        """Sample and feed back one token per live stream until every stream stops.
+
+        Eager steps drop a stream as soon as it stops.  Captured steps run a bucket of rows
+        anyway, so there a stopped stream keeps decoding into its own answer region (which
+        only it sees; its tokens are not recorded) until the live streams fit the next
+        smaller bucket: the plan is then rebuilt on the host once per bucket, not once per
+        stopping stream.
+        """
+        n = self.layout.num_prompts
+        sampler = Sampler(self.opts, self.device)
+        out = torch.full((n, self.opts.max_new_tokens), -1, dtype=torch.long, device=self.device)
+        live = torch.arange(n, device=self.device)  # the streams fed this step
+        running = torch.ones(n, dtype=torch.bool, device=self.device)  # ... of which have not stopped
+        answer_slots = self.layout.answer_slots.to(self.device)
+        changed = True  # the set of fed streams changed since the last step
+        for step in range(self.opts.max_new_tokens):
+            new = sampler(logits, step)
+            out[live, step] = torch.where(running, new, -1)
+            running &= ~sampler.is_eos(new)
+            left = int(running.sum())  # the one host sync of a step
+            if step + 1 == self.opts.max_new_tokens or left == 0:
+                break
+            if left < len(live) and (not self.captured_steps or left <= bucket(len(live)) // 2):
+                live, new, running, changed = live[running], new[running], running[running], True
+            logits = self.step(answer_slots[live, step], new, changed)
+            changed = False
+        return [[t for t in row if t >= 0] for row in out.tolist()]
+
+    @property
+    def captured_steps(self) -> bool:
+        """Whether decode steps replay CUDA graphs (over a `StaticRow`) rather than run eagerly."""
+        return self.static is not None and not self.static.graphs.failed
+
+    def step(self, q_slot: torch.Tensor, tokens: torch.Tensor, changed: bool) -> torch.Tensor:
+        """One decode step: logits [n, V] of the n new tokens, replayed from a captured graph where possible."""
+        if self.static is not None and not self.static.graphs.failed:
+            try:
+                return self.static.graphs.step(self.backend, self.row, self._graph_forward, q_slot, tokens, changed)
+            except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
+                warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly", stacklevel=2)
+                self.static.graphs.failed = True
+        plan = self.plan(q_slot, self.row.capacity if self.opts.compile else None)  # compiled: one kv_len
+        return self.forward(plan, tokens, torch.arange(len(tokens), device=self.device), step=True)
+
+    def _graph_forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return self.forward(plan, tokens, keep, step=True)
+
+
+def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
+    """Which prompts end inside `chunk` (sorted slots), the unique rows they end at, and each one's row index."""
+    idx = torch.searchsorted(chunk, last).clamp(max=len(chunk) - 1)
+    prompts = torch.nonzero(chunk[idx] == last).flatten()
+    rows, inverse = torch.unique(idx[prompts], return_inverse=True)  # duplicate prompts share a row
+    return rows, prompts, inverse
+
+
+def recompile_limit(limit: int):
+    """Dynamo's per-function recompile limit raised to at least `limit` (its default, 8, would leave the
+    buckets past the eighth, e.g. the ninth of 256 streams, running uncompiled)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(getattr(config, name), limit)})
+
+
+def compiled_call(model: PreTrainedModel):
+    """`torch.compile` of the model's call, made once per model and kept on it (its compiled graphs too)."""
+    call = getattr(model, "_hf_parallel_compiled", None)
+    if call is None:
+        call = model._hf_parallel_compiled = torch.compile(model.__call__, dynamic=False)
+    return call
