@@ -156,11 +156,11 @@ def run_stock(model, prompts, work: Workload, rows: int, mode: str = "per_chunk"
     doc_len = work.doc_tokens
     per_doc = work.questions
     device = model.device
-    doc_prefill_s, caches = timed(lambda: [_prefill(model, prompts[d * per_doc][:doc_len], device)
+    doc_prefill_s, caches = timed(lambda: [prefill_document(model, prompts[d * per_doc][:doc_len], device)
                                            for d in range(work.documents)])  # fmt: skip
     chunks = [(d, prompts[d * per_doc + i : d * per_doc + min(i + rows, per_doc)])
               for d in range(work.documents) for i in range(0, per_doc, rows)]  # fmt: skip
-    run = lambda d, c, n: timed(lambda: _generate_chunk(model, caches[d], c, doc_len, n))[0]  # noqa: E731
+    run = lambda d, c, n: timed(lambda: generate_chunk(model, caches[d], c, doc_len, n))[0]  # noqa: E731
     by_rows: dict[int, list] = {}  # row count -> its chunks
     for d, c in chunks:
         by_rows.setdefault(len(c), []).append((d, c))
@@ -199,7 +199,7 @@ def run_stock_tuned(model, prompts, work: Workload, rows: int, compile: bool | N
     per_doc = work.questions
     device = model.device
     torch._dynamo.reset()  # this workload's graphs only: the recompile limit, no stale CUDA graph pools
-    doc_prefill_s, caches = timed(lambda: [_prefill(model, prompts[d * per_doc][:doc_len], device)
+    doc_prefill_s, caches = timed(lambda: [prefill_document(model, prompts[d * per_doc][:doc_len], device)
                                            for d in range(work.documents)])  # fmt: skip
     rows = math.ceil(per_doc / math.ceil(per_doc / rows))  # as many chunks as `rows` makes, the fewest dummy rows
     chunks = [(d, prompts[d * per_doc + i : d * per_doc + min(i + rows, per_doc)])
@@ -208,7 +208,7 @@ def run_stock_tuned(model, prompts, work: Workload, rows: int, compile: bool | N
     cache = transformers.StaticCache(config=model.config, max_cache_len=doc_len + width + work.answer_tokens)
 
     def run(d, chunk, n):
-        return _generate_chunk_static(model, caches[d], chunk, doc_len, n, cache, rows, width, compile)
+        return generate_chunk_static(model, caches[d], chunk, doc_len, n, cache, rows, width, compile)
 
     graphs = lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]  # noqa: E731
     try:
@@ -231,7 +231,7 @@ def stock_rows(config, work: Workload, most: int, budget_bytes: float = 64e9) ->
     return max(1, min(most, int(budget_bytes // per_row)))
 
 
-def _prefill(model, doc: list[int], device):
+def prefill_document(model, doc: list[int], device):
     cache = transformers.DynamicCache(config=model.config)
     with torch.inference_mode():
         model(input_ids=torch.tensor([doc], device=device), past_key_values=cache, use_cache=True,
@@ -239,7 +239,7 @@ def _prefill(model, doc: list[int], device):
     return cache
 
 
-def _generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
+def generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
     """Rows = doc + [pad]*k + question (questions differ in length; pads are masked out)."""
     width = max(len(p) for p in prompts) - doc_len
     ids, mask = [], []
@@ -258,9 +258,9 @@ def _generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
                               do_sample=False, pad_token_id=0, eos_token_id=None)  # fmt: skip
 
 
-def _generate_chunk_static(model, doc_cache, prompts, doc_len: int, new_tokens: int, cache=None, rows=None,
+def generate_chunk_static(model, doc_cache, prompts, doc_len: int, new_tokens: int, cache=None, rows=None,
                            width=None, compile: bool = False):  # fmt: skip
-    """`_generate_chunk` with a StaticCache (reset and reused when given): rows padded to `width` question tokens and
+    """`generate_chunk` with a StaticCache (reset and reused when given): rows padded to `width` question tokens and
     with dummy rows to `rows` (their outputs dropped); `compile` lets generate compile the decode forward."""
     width = width or max(len(p) for p in prompts) - doc_len
     real = len(prompts)

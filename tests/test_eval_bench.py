@@ -21,20 +21,20 @@ NEW = 6
 
 
 def test_static_cache_tokens_equal_stock():
-    """Same prompts, greedy: the StaticCache path (reused cache, wider pads, dummy rows) gives `_generate_chunk`'s
+    """Same prompts, greedy: the StaticCache path (reused cache, wider pads, dummy rows) gives `generate_chunk`'s
     tokens; the dummy rows are dropped."""
     model = tiny_model("llama")
     prompts = [DOC + q for q in QUESTIONS]
-    doc_cache = bench._prefill(model, DOC, model.device)
-    stock = bench._generate_chunk(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
-    static = bench._generate_chunk_static(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
+    doc_cache = bench.prefill_document(model, DOC, model.device)
+    stock = bench.generate_chunk(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
+    static = bench.generate_chunk_static(model, doc_cache, prompts, len(DOC), NEW)[:, -NEW:]
     assert torch.equal(static, stock)
     width = max(map(len, QUESTIONS)) + 2
     cache = bench.transformers.StaticCache(config=model.config, max_cache_len=len(DOC) + width + NEW + 3)
     for chunk in (prompts, prompts[1:3]):  # the second call reuses the cache: reset, doc rewritten, last row repeated
-        out = bench._generate_chunk_static(model, doc_cache, chunk, len(DOC), NEW, cache, len(prompts), width)
+        out = bench.generate_chunk_static(model, doc_cache, chunk, len(DOC), NEW, cache, len(prompts), width)
         assert out.shape[0] == len(chunk)
-        assert torch.equal(out[:, -NEW:], bench._generate_chunk(model, doc_cache, chunk, len(DOC), NEW)[:, -NEW:])
+        assert torch.equal(out[:, -NEW:], bench.generate_chunk(model, doc_cache, chunk, len(DOC), NEW)[:, -NEW:])
 
 
 def test_run_stock_tuned_reports():
@@ -54,10 +54,8 @@ def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
     work = bench.Workload("tiny", doc_tokens=len(DOC), questions=5, answer_tokens=3)
     prompts = [DOC + QUESTIONS[i % len(QUESTIONS)] for i in range(work.questions)]
     calls = []
-    real = bench._generate_chunk
-    monkeypatch.setattr(
-        bench, "_generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n)
-    )
+    real = bench.generate_chunk
+    monkeypatch.setattr(bench, "generate_chunk", lambda m, c, p, d, n: calls.append((len(p), n)) or real(m, c, p, d, n))
     res = bench.run_stock(model, prompts, work, rows=2, mode="per_chunk")
     assert calls[:2] == [(2, 3), (1, 3)]  # warm-up: each row count once at full length, untimed
     assert calls[2:] == [(2, 3), (1, 3)]  # timed: every answer token, one chunk per row count
