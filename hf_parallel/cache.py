@@ -2,7 +2,9 @@
 
 The model's own attention layers call `cache.update(k, v, layer_idx, ...)` unchanged;
 the new keys and values are written at the slots of the current plan and the
-leading `plan.kv_len` slots are returned.  Each shared prefix is stored once.
+leading `plan.kv_len` slots are returned.  Each shared prefix is stored once.  Layers
+with a recurrent state get a `StateLayer` instead (`hf_parallel.recurrent`), and layers
+with both (Falcon-H1's and Zamba2's hybrid layers) a `HybridLayer`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .plan import AttentionPlan
+from .recurrent import SegmentRuns, State, StateLayer
 
 
 class PackedLayer(CacheLayerMixin):
@@ -29,7 +32,7 @@ class PackedLayer(CacheLayerMixin):
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, plan: AttentionPlan):
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
+            PackedLayer.lazy_initialization(self, key_states, value_states)
         self.keys.index_copy_(2, plan.q_slot, key_states)
         self.values.index_copy_(2, plan.q_slot, value_states)
         return self.keys[:, :, : plan.kv_len], self.values[:, :, : plan.kv_len]
@@ -46,17 +49,36 @@ class PackedLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.num_slots
 
+    def stored_bytes(self) -> int:
+        return self.keys.numel() * self.keys.element_size() * 2 if self.is_initialized else 0
+
+
+class HybridLayer(StateLayer, PackedLayer):
+    """K/V and a recurrent state under one layer index: the layer of a recurrent mixer, which may also run
+    attention beside it (Falcon-H1, Zamba2); its K/V is allocated only if written."""
+
+    def __init__(self, num_slots: int):  # `lazy_initialization` is the state's: `write` names PackedLayer's
+        PackedLayer.__init__(self, num_slots)
+        StateLayer.__init__(self)
+
+    def stored_bytes(self) -> int:
+        return PackedLayer.stored_bytes(self) + StateLayer.stored_bytes(self)
+
 
 class PackedCache(Cache):
-    """KV cache of one packed row of `num_slots` slots for every layer of a model.
+    """KV cache of one packed row of `num_slots` slots (and recurrent states) for every layer of a model.
 
-    Set `cache.plan` to the current forward's `AttentionPlan` before each forward.
+    kinds: per layer, "attention" or "hybrid" (K/V and a recurrent state).  Set `cache.plan` to the current
+    forward's `AttentionPlan` before each forward, and `cache.segment_runs` where layers are recurrent.
     """
 
-    def __init__(self, num_layers: int, num_slots: int):
-        super().__init__(layers=[PackedLayer(num_slots) for _ in range(num_layers)])
+    def __init__(self, kinds: list[str], num_slots: int):
+        layers = {"attention": PackedLayer, "hybrid": HybridLayer}
+        # Cache's own __init__, not the next class's in the MRO (a model's own cache class, mixed in, takes none)
+        Cache.__init__(self, layers=[layers[kind](num_slots) for kind in kinds])
         self.num_slots = num_slots
         self.plan: AttentionPlan | None = None
+        self.segment_runs: SegmentRuns | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if self.plan is None:
@@ -66,6 +88,25 @@ class PackedCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def begin_decode(self, prompt_ends: list[int]) -> None:
+        """Pool the recurrent states where the prompts end: row p decodes stream p (prompt_ends[p] its segment)."""
+        for layer in self.layers:
+            if isinstance(layer, StateLayer) and layer.segments:
+                layer.pool = State.cat([layer.segments[seg] for seg in prompt_ends])
+                layer.segments.clear()
+
+    # MiniMax's lightning attention keeps its state through these two (its own cache type's API)
+    def get_linear_cache(self, layer_idx: int) -> torch.Tensor | None:
+        layer = self.layers[layer_idx]
+        return layer.recurrent_states[0] if layer.has_previous_state[0] else None
+
+    def set_linear_cache(self, layer_idx: int, state: torch.Tensor) -> None:
+        layer = self.layers[layer_idx]
+        layer.recurrent_states[0], layer.has_previous_state[0] = state, True
+
     def stored_bytes(self) -> int:
-        """Bytes of K/V held, all layers (for memory tests and reports)."""
-        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers if layer.is_initialized)
+        """Bytes of K/V and recurrent states held, all layers (for memory tests and reports)."""
+        return sum(layer.stored_bytes() for layer in self.layers)

@@ -6,10 +6,11 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import resolve_backend
-from .inputs import as_token_lists, check_model, check_tokens
+from .inputs import as_token_lists, check_tokens
 from .layout import build_layout
 from .options import GenerationOptions
 from .runner import Runner
+from .support import check_model, check_support
 
 
 @torch.inference_mode()
@@ -31,5 +32,6 @@ def generate_tokens(model: PreTrainedModel, prompts, **options) -> list[list[int
         return []
     for i, prompt in enumerate(prompts):
         check_tokens(model, f"prompt {i}", prompt, opts.max_new_tokens)
+    support = check_support(model)
     backend = resolve_backend(opts.attn, model.device)
-    return Runner(model, build_layout(prompts, opts.max_new_tokens), opts, backend).run()
+    return Runner(model, build_layout(prompts, opts.max_new_tokens), opts, backend, support).run()

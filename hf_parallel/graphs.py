@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBackend, StaticPlan
-from .cache import PackedCache
 from .layout import Layout
 from .plan import AttentionPlan, Row, SlotIds
 
@@ -111,10 +110,9 @@ class StaticRow:
     no query sees them.
     """
 
-    def __init__(self, model, capacity: int):
-        config = model.config.get_text_config()
+    def __init__(self, model, capacity: int, support):
         self.capacity, self.dtype = capacity, model.dtype
-        self.cache = PackedCache(config.num_hidden_layers, capacity)
+        self.cache = support.cache(capacity)
         self.ids = SlotIds(
             torch.full((capacity,), -1, dtype=torch.int32, device=model.device),
             torch.zeros(capacity, dtype=torch.int32, device=model.device),
@@ -123,7 +121,7 @@ class StaticRow:
         self.graphs = DecodeGraphs()
 
     @classmethod
-    def for_model(cls, model, layout: Layout) -> StaticRow:
+    def for_model(cls, model, layout: Layout, support) -> StaticRow:
         row = getattr(model, "_hf_parallel_row", None)
         if row is None or row.capacity < layout.num_slots or row.dtype != model.dtype:
             if row is not None:  # free the old row (and its graphs' memory pool) before allocating the new one
@@ -131,7 +129,7 @@ class StaticRow:
                 gc.collect()
                 torch.cuda.empty_cache()
             capacity = -(-layout.num_slots // ROW_ROUNDING) * ROW_ROUNDING
-            row = model._hf_parallel_row = cls(model, capacity)
+            row = model._hf_parallel_row = cls(model, capacity, support)
         return row
 
     def load(self, layout: Layout) -> SlotIds:

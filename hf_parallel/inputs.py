@@ -6,7 +6,6 @@ model, token sequences, texts and the EOS tokens.
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from collections.abc import Sequence
 
@@ -67,27 +66,6 @@ def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int
         extra = f"; with max_new_tokens={room} it" if room else ", which"
         raise ValueError(f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
                          "(max_position_embeddings)")  # fmt: skip
-
-
-def check_model(model: PreTrainedModel) -> None:
-    """Refuse models the packed row cannot serve, naming the reason."""
-    if not isinstance(model, PreTrainedModel):
-        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
-    config = model.config.get_text_config()
-    name = type(model).__name__
-    if getattr(config, "is_encoder_decoder", False):
-        raise NotImplementedError(f"{name} is an encoder-decoder model; hf_parallel serves decoder-only causal LMs")
-    if not getattr(model, "_supports_attention_backend", False):
-        raise NotImplementedError(
-            f"{name} does not route attention through transformers' AttentionInterface, so hf_parallel cannot "
-            "apply its stream mask"
-        )
-    if "position_ids" not in inspect.signature(model.forward).parameters:
-        raise NotImplementedError(f"{name}.forward takes no position_ids; per-stream positions need them")
-    if getattr(config, "attention_chunk_size", None):
-        raise NotImplementedError(f"{name} uses chunked attention (attention_chunk_size), which hf_parallel lacks")
-    if model.training:
-        raise ValueError("put the model in eval mode (model.eval()) before generating")
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:

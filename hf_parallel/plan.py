@@ -81,3 +81,9 @@ class AttentionPlan:
         if kv_len is None:
             kv_len = int(q_slot.max()) + 1
         return cls(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, **fields)
+
+
+def query_group(model_config) -> int:
+    """Query heads per KV head of a model (1 without grouped-query attention)."""
+    config = model_config.get_text_config()
+    return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)

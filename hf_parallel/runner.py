@@ -16,14 +16,14 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
-from .attention import AttentionBackend, use_attention
-from .attention.tiles import query_group
-from .cache import PackedCache
+from .attention import AttentionBackend
 from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
-from .plan import AttentionPlan, Row, SlotIds
+from .plan import AttentionPlan, Row, SlotIds, query_group
+from .recurrent import SegmentRuns
 from .sampling import Sampler
+from .support import Support, check_support, use_model
 
 RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per live count without CUDA graphs)
 
@@ -34,27 +34,39 @@ class Runner:
     With CUDA graphs the row is a `StaticRow` kept on the model and reused by later
     calls (same buffers, so the captured decode steps replay); otherwise it is fresh.
     `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
-    of its own), to be called inside `use_attention(model, backend)`.
+    of its own), to be called inside `use_model(model, backend, support)`.
     """
 
-    def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend):
-        self.model, self.layout, self.opts, self.backend = model, layout, opts, backend
+    def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend,
+                 support: Support | None = None):  # fmt: skip
+        support = support if support is not None else check_support(model)
+        self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
         self.device = model.device
-        self.static = StaticRow.for_model(model, layout) if opts.cuda_graphs and self.device.type == "cuda" else None
+        # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now
+        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent
+        self.static = StaticRow.for_model(model, layout, support) if captured else None
         if self.static is not None:
             ids, self.cache, capacity = self.static.load(layout), self.static.cache, self.static.capacity
         else:
             ids = SlotIds.from_layout(layout, self.device)
-            self.cache = PackedCache(model.config.get_text_config().num_hidden_layers, layout.num_slots)
+            self.cache = support.cache(layout.num_slots)
             capacity = layout.num_slots
         self.row = Row(layout, ids, capacity, query_group(model.config))
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.compile_failed = False
+        if opts.compile and support.recurrent:
+            warnings.warn("compile=True is not applied to models with recurrent layers; decoding uncompiled",
+                          stacklevel=3)  # fmt: skip
+            self.compile_failed = True
+        if support.recurrent:
+            self.stream_of_segment = torch.full((len(layout.segments),), -1, dtype=torch.long, device=self.device)
+            self.stream_of_segment[torch.tensor(layout.answer_segs, device=self.device)] = torch.arange(
+                layout.num_prompts, device=self.device)  # fmt: skip
 
     @torch.inference_mode()
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
-        with use_attention(self.model, self.backend):
+        with use_model(self.model, self.backend, self.support):
             return self.decode(self.prefill())
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
@@ -68,6 +80,8 @@ class Runner:
         if compilation fails, this and later steps run as they are, with a warning.
         """
         self.cache.plan = plan
+        if self.support.recurrent:
+            self.cache.segment_runs = self.segment_runs(plan, step)
         kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
                       logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
         if step and self.opts.compile and not self.compile_failed:
@@ -94,7 +108,20 @@ class Runner:
             ids = tokens[start : start + len(chunk)]
             out = self.forward(self.plan(chunk.to(self.device)), ids.to(self.device), rows.to(self.device))
             logits[prompts.to(self.device)] = out[inverse.to(self.device)]
+        if self.support.recurrent:
+            self.cache.begin_decode(self.layout.prompt_ends)
         return logits
+
+    def segment_runs(self, plan: AttentionPlan, step: bool) -> SegmentRuns:
+        """How the forward's tokens split by segment, for the layers with a recurrent state."""
+        if step:  # one token per stream
+            return SegmentRuns(rows=self.stream_of_segment[plan.q_seg.long()])
+        segs = plan.q_seg.tolist()  # a prefill chunk (or a scoring forward): one host sync
+        bounds = [0] + [i for i in range(1, len(segs)) if segs[i] != segs[i - 1]] + [len(segs)]
+        runs = [(segs[a], a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        segments = self.layout.segments
+        return SegmentRuns(runs, [s.parent for s in segments], [s.end for s in segments],
+                           frozenset(self.layout.prompt_ends))  # fmt: skip
 
     def decode(self, logits: torch.Tensor) -> list[list[int]]:
         """Sample and feed back one token per live stream until every stream stops.

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from .attention import AttentionBackend, resolve_backend, use_attention
-from .inputs import as_token_lists, check_model, check_tokens
+from .attention import AttentionBackend, resolve_backend
+from .inputs import as_token_lists, check_tokens
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .runner import Runner
+from .support import check_model, check_support, use_model
 
 
 @dataclass
@@ -78,9 +79,10 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     sequences, seq_of = tree_sequences(prompts, continuations)
     layout = build_layout(sequences, 0)  # no answer room: the tree is exactly the tokens to run
     rows, targets, sizes = target_rows(layout, continuations, seq_of)
+    support = check_support(model)
     backend = resolve_backend(opts.attn, model.device)
-    runner = Runner(model, layout, opts, backend)
-    with torch.inference_mode(), use_attention(model, backend):
+    runner = Runner(model, layout, opts, backend, support)
+    with torch.inference_mode(), use_model(model, backend, support):
         logprobs = _run(runner, rows, targets, opts.prefill_chunk).cpu()
     flat = iter(logprobs.split(sizes))
     return TreeScores([[next(flat) for _ in cands] for cands in continuations], layout.num_slots)

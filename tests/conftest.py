@@ -33,12 +33,58 @@ ARCHITECTURES = {
                                             pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                             initializer_range=0.2, bos_token_id=1, eos_token_id=2),
+    # attention sinks, on a sliding-window layer and a full one; MoE
+    "gpt_oss": lambda: transformers.GptOssConfig(**_COMMON, intermediate_size=64, num_key_value_heads=2, head_dim=16,
+                                                 layer_types=["sliding_attention", "full_attention"], sliding_window=12,
+                                                 num_local_experts=4, num_experts_per_tok=2,
+                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    # a hybrid: a gated delta net layer (recurrent state) and an attention layer
+    "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(
+        **_COMMON, intermediate_size=128, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"]),
+}  # fmt: skip
+# More families, tested on fewer workloads (tests/test_families.py): attention modules whose decoder layer drops the
+# attention kwargs, and hybrids of attention with gated delta nets, Mamba, short convolutions or lightning attention.
+_MAMBA = dict(mamba_d_state=16, mamba_d_conv=4)
+FAMILIES = {
+    "stablelm": lambda: transformers.StableLmConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2),
+    "nemotron": lambda: transformers.NemotronConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2),
+    "qwen3_next": lambda: transformers.Qwen3NextConfig(
+        **_COMMON, intermediate_size=128, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention"], num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "falcon_h1": lambda: transformers.FalconH1Config(  # every layer attention and Mamba2 side by side
+        **_COMMON, intermediate_size=128, num_key_value_heads=2, mamba_d_ssm=128, mamba_n_heads=4, mamba_d_state=16,
+        mamba_d_conv=4, mamba_chunk_size=16),
+    "bamba": lambda: transformers.BambaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                              attn_layer_indices=[1], mamba_n_heads=4, mamba_expand=2,
+                                              mamba_chunk_size=16, **_MAMBA),
+    "jamba": lambda: transformers.JambaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                                              expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
+                                              use_mamba_kernels=False, mamba_expand=2, mamba_dt_rank=8, **_MAMBA),
+    "zamba2": lambda: transformers.Zamba2Config(**_COMMON, layers_block_type=["linear_attention", "hybrid"],
+                                                mamba_d_state=16, n_mamba_heads=4, mamba_ngroups=1, chunk_size=16,
+                                                use_mamba_kernels=False, num_mem_blocks=1, use_mem_rope=True),
+    "lfm2": lambda: transformers.Lfm2Config(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                            full_attn_idxs=[1], conv_L_cache=3,  # layer 0 a short convolution
+                                            block_auto_adjust_ff_dim=False),
+    "nemotron_h": lambda: transformers.NemotronHConfig(
+        **{**_COMMON, "num_hidden_layers": 3}, intermediate_size=128,
+        layers_block_type=["linear_attention", "full_attention", "mlp"], num_key_value_heads=2, head_dim=16,
+        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2, chunk_size=16,
+        use_mamba_kernels=False, n_routed_experts=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32),
+    "minimax": lambda: transformers.MiniMaxConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2,
+                                                  head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+                                                  block_size=16, layer_types=["linear_attention", "full_attention"]),
 }  # fmt: skip
 
 
 def tiny_model(arch: str, dtype=torch.float32):
     torch.manual_seed(0)
-    config = ARCHITECTURES[arch]()
+    config = {**ARCHITECTURES, **FAMILIES}[arch]()
     # Attention logit soft-capping (Gemma 2): the plain forward we compare against must apply it; transformers
     # 5.17's SDPA path silently drops it (5.24 refuses), so such models run eager attention there.
     eager = {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}

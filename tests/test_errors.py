@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-import transformers
 
 from hf_parallel import generate_parallel, generate_tokens
 
@@ -88,13 +89,15 @@ def test_tokenizer_without_eos_is_refused(llama):
         llama.generation_config.eos_token_id = saved
 
 
-def test_model_without_attention_interface_is_refused():
-    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, is_decoder=True)  # fmt: skip
-    bert = transformers.BertLMHeadModel(config).eval()
-    bert._supports_attention_backend = False  # as for model types that hard-code their attention
-    with pytest.raises(NotImplementedError, match="AttentionInterface"):
-        generate_tokens(bert, [[3, 4]], max_new_tokens=2)
+def test_model_whose_attention_bypasses_the_interface_is_refused():
+    """A layer that computes attention itself (here: SDPA, locked by a config of its own) would ignore the stream
+    mask: the probe sees it write K/V without calling hf_parallel's attention, and refuses before any work."""
+    model = tiny_model("llama")
+    attention = model.model.layers[1].self_attn
+    attention.config = copy.deepcopy(attention.config)  # set_attn_implementation no longer reaches it
+    attention.config._attn_implementation = "sdpa"
+    with pytest.raises(NotImplementedError, match=r"AttentionInterface \(layers \[1\] wrote K/V without it\)"):
+        generate_tokens(model, [[3, 4]], max_new_tokens=2)
 
 
 def test_model_without_position_ids_is_refused(llama):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel import generation, runner
-from hf_parallel.cache import PackedCache
+from hf_parallel import generation
+from hf_parallel.support import Support
 
 from .conftest import random_tokens
 
@@ -19,9 +19,10 @@ def test_cache_holds_one_copy_of_the_document(llama, n_questions, monkeypatch):
         doc + [3 + i] + random_tokens(question_len - 1, gen) for i in range(n_questions)
     ]  # no shared question prefix
     caches = []
-    monkeypatch.setattr(runner, "PackedCache", lambda *a: caches.append(PackedCache(*a)) or caches[-1])
+    build = Support.cache
+    monkeypatch.setattr(Support, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
     generation.generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])
-    (cache,) = caches
+    cache = caches[-1]  # the call's (a first call on a model also builds one for its probe forward)
     assert cache.num_slots == len(doc) + n_questions * (question_len + new)
     layer = cache.layers[0]
     heads, head_dim = llama.config.num_key_value_heads, llama.config.hidden_size // llama.config.num_attention_heads

@@ -101,13 +101,14 @@ def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_
     """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance."""
     plan = make_plan(layout, q_slot, kv_len)
     q, k, v = random_qkv(plan, *heads, dim, dtype, seed, cache_order)
-    want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, **attn)[0]
+    sinks = attn.pop("sinks", None)
+    want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, s_aux=sinks, **attn)[0]
     group = heads[0] // heads[1]
     tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE)
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
     config = launcher.default_config(q, k, tiles)
     config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
-    launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, **attn)
+    launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, sinks=sinks, **attn)
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), want, atol=atol, rtol=rtol)
     return tiles
@@ -142,6 +143,18 @@ def test_sliding_window_and_softcap(attn, mode):
     q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 6, seed=1)
     check(layout, q_slot, (4, 2), 32, torch.float32, num_splits=2, **attn)
     check(layout, q_slot, (4, 2), 32, torch.bfloat16, **attn)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("window", [None, 12])
+def test_attention_sinks(mode, splits, window):
+    """gpt-oss's sinks (a logit per query head, a key with no value), alone and on sliding-window layers."""
+    layout = doc_questions(3, seed=2)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 6, seed=2)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(splits)).to(DEVICE) * 3  # some above the scores
+    for dtype in (torch.float32, torch.bfloat16):
+        check(layout, q_slot, (4, 2), 32, dtype, num_splits=splits, sinks=sinks, sliding_window=window)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -347,7 +360,7 @@ def test_backend_plans_once_and_every_layer_runs_on_it(streams_per_tile):
 
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
-E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1})]
+E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("gpt_oss", {}), ("qwen3_5_text", {})]
 E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"interleaved": True})]
 
 

@@ -29,25 +29,34 @@ def stream_mask(plan: AttentionPlan, sliding_window: int | None = None) -> torch
     return mask
 
 
-def sdpa_attention(query, key, value, mask, scaling=None, softcap=None) -> torch.Tensor:
-    """Masked attention, query [1, H, N, D], key/value [1, H_kv, S, D], mask [N, S] -> [1, N, H, D]."""
-    if softcap is None:
+def sdpa_attention(query, key, value, mask, scaling=None, softcap=None, sinks=None) -> torch.Tensor:
+    """Masked attention, query [1, H, N, D], key/value [1, H_kv, S, D], mask [N, S] -> [1, N, H, D].
+
+    softcap: Gemma 2's logit soft-capping.  sinks: [H] gpt-oss's per-head sink logit, a virtual key
+    with no value that every query's softmax includes.
+    """
+    if softcap is None and sinks is None:
         gqa = key.shape[1] != query.shape[1]
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask[None, None], scale=scaling, enable_gqa=gqa
         )
-    else:  # SDPA has no logit soft-capping (Gemma 2): spell it out
-        out = _softcapped_attention(query, key, value, mask, scaling, softcap)
+    else:  # SDPA has neither: spell them out
+        out = _spelled_out_attention(query, key, value, mask, scaling, softcap, sinks)
     return out.transpose(1, 2).contiguous()
 
 
-def _softcapped_attention(query, key, value, mask, scaling, softcap):
+def _spelled_out_attention(query, key, value, mask, scaling, softcap, sinks):
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.tanh(query @ key.transpose(-1, -2) * scale / softcap) * softcap
+    scores = (query @ key.transpose(-1, -2)).float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask[None, None], float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(value.dtype) @ value
+    if sinks is not None:  # one more logit per head, dropped after the softmax
+        sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        return (torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]).to(value.dtype) @ value
+    return torch.softmax(scores, dim=-1).to(value.dtype) @ value
 
 
 def check_attention_call(module, query, attention_mask, dropout, plan, kwargs) -> None:
@@ -62,8 +71,6 @@ def check_attention_call(module, query, attention_mask, dropout, plan, kwargs) -
         raise ValueError("hf_parallel builds its own stream mask; the model passed another attention mask")
     if dropout and module.training:
         raise ValueError("hf_parallel attention does not support dropout (put the model in eval mode)")
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("attention sinks (s_aux) are not supported by hf_parallel's attention")
 
 
 @dataclass
@@ -82,10 +89,12 @@ def reference_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
     pp_plan: AttentionPlan | None = None, **kwargs,
 ) -> tuple[torch.Tensor, None]:  # fmt: skip
-    """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
+    """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D].
+
+    kwargs may carry `s_aux`, gpt-oss's attention sinks ([H] logits)."""
     check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
     mask = pp_plan.mask(sliding_window) if isinstance(pp_plan, ReferencePlan) else stream_mask(pp_plan, sliding_window)
-    return sdpa_attention(query, key, value, mask, scaling, softcap), None
+    return sdpa_attention(query, key, value, mask, scaling, softcap, kwargs.get("s_aux")), None
 
 
 class ReferenceBackend(AttentionBackend):

@@ -196,9 +196,3 @@ def _pack(tiles: list[list[int]], ranges: list[tuple], block_m: int, group: int)
     as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.int32)  # noqa: E731
     return TilePlan(tile_query, counts.cumsum(0).to(torch.int32), as_int32(flat), as_int32(limits), block_m, group,
                     max(int(counts.max()), 1))  # fmt: skip
-
-
-def query_group(model_config) -> int:
-    """Query heads per KV head of a model (1 without grouped-query attention)."""
-    config = model_config.get_text_config()
-    return config.num_attention_heads // (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)

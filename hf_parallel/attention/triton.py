@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -71,9 +72,11 @@ class TritonBackend(AttentionBackend):
         check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
         if getattr(pp_plan, "tiles", None) is None:
             raise ValueError("the Triton attention path needs a TritonPlan with its tiles (TritonBackend.plan)")
+        sinks = kwargs.get("s_aux")
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
-            return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap), None
-        return stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap), None
+            return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks), None
+        out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks)
+        return out, None
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         tiles = build_tile_plan(row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
@@ -93,11 +96,12 @@ def _stream_attention_op(
     q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
     tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
     block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
+    sinks: Optional[torch.Tensor],  # noqa: UP045 - the schema parser of torch.library reads Optional
 ) -> torch.Tensor:  # fmt: skip
     """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
     plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end))
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
-    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None)
+    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks)
 
 
 @_stream_attention_op.register_fake
@@ -105,12 +109,13 @@ def _(query, key, value, *args):
     return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
 
 
-def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap):
+def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks):
     ids, tiles = plan.ids, plan.tiles
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
         tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5, window or 0, softcap or 0.0,
+        sinks,
     )  # fmt: skip
 
 
@@ -140,14 +145,18 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 def stream_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
-    config: KernelConfig | None = None, out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
 
-    With more than one KV split per tile, each split writes a partial output and `combine_splits`
-    merges them.
+    sinks: [H] attention-sink logits (gpt-oss), or None.  With more than one KV split per tile,
+    each split writes a partial output and `combine_splits` merges them.
     """
     _check_inputs(query, key, value, plan, tiles)
+    if sinks is not None:
+        if sinks.shape != (query.shape[1],):
+            raise ValueError(f"sinks must hold one logit per query head, [{query.shape[1]}]; got {tuple(sinks.shape)}")
+        sinks = sinks.detach().float().contiguous()
     _, heads, n, dim = query.shape
     cfg = config or default_config(query, key, tiles)
     splits = cfg.num_splits
@@ -155,7 +164,9 @@ def stream_attention(
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
     part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
     scale = scaling if scaling is not None else dim**-0.5
-    _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window)
+    _launch(
+        query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window, sinks
+    )
     if splits > 1:
         block_d = max(16, triton.next_power_of_2(dim))
         kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
@@ -166,13 +177,13 @@ def stream_attention(
 
 
 def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
-            to_parts: bool, scaling: float, softcap: float | None, window: int | None) -> None:  # fmt: skip
+            to_parts: bool, scaling: float, softcap: float | None, window: int | None, sinks) -> None:  # fmt: skip
     """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs."""
     _, heads, n, dim = query.shape
     ids = plan.ids
     interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
     kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], cfg.num_splits)](
-        query, key, value, out, part_o, part_lse,
+        query, key, value, out, part_o, part_lse, sinks if sinks is not None else part_lse,
         plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
@@ -182,7 +193,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
         HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),
         SPLIT=to_parts, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
-        DOT_F32=interpreted and query.dtype == torch.bfloat16,
+        DOT_F32=interpreted and query.dtype == torch.bfloat16, USE_SINKS=sinks is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

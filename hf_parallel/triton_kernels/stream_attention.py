@@ -12,7 +12,9 @@ the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
 Online softmax as in Triton's 06-fused-attention tutorial (base-2 exponentials).  With
 several KV splits per tile (flash-decoding), each split writes its normalized partial
-output and log-sum-exp and `combine_splits` merges them.
+output and log-sum-exp and `combine_splits` merges them.  Attention sinks (gpt-oss: one
+logit per query head, a virtual key with no value) start the first split's running
+softmax: m_i = sink, l_i = 1, acc = 0.
 """
 
 import triton
@@ -90,7 +92,7 @@ def _attend_block(
 
 @triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "window"])  # they change per step
 def stream_attention_fwd(
-    Q, K, V, Out, PartO, PartLse,
+    Q, K, V, Out, PartO, PartLse, Sinks,
     q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
     tile_query_ptr, range_ptr, ranges_ptr, limits_ptr,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
@@ -98,8 +100,10 @@ def stream_attention_fwd(
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):  # fmt: skip
-    """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D]."""
+    """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D],
+    Sinks [H] float32 (read only with USE_SINKS)."""
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -124,6 +128,10 @@ def stream_attention_fwd(
     # -- online softmax over the tile's ranges, RANGES at a time; split s takes every num_splits-th KV block --
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if USE_SINKS:  # the sink is one more logit of the softmax, counted once: in the first split
+        sink = tl.load(Sinks + head) * LOG2E
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     first_range = tl.load(range_ptr + tile)
     last_range = tl.load(range_ptr + tile + 1)

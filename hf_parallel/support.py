@@ -1,0 +1,193 @@
+"""Which models the packed row serves, decided by what a model does, not by a class flag.
+
+Static checks refuse what no forward can fix (encoder-decoders, no `position_ids`).  Then a
+probe forward of two tokens runs through a recording attention backend: every layer that
+writes K/V to the cache must route its attention through transformers' AttentionInterface
+(so the stream mask applies), and each attention module must receive the plan.  A module
+whose decoder layer drops the attention kwargs (Nemotron, StableLM) gets the plan from the
+cache by a forward pre-hook instead.  Layers with a recurrent state are found by class and
+run per segment (`hf_parallel.recurrent`).  The verdict is kept per model.
+
+Refusals raise NotImplementedError with one of `REASONS` in the message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache
+
+from .attention import AttentionBackend, use_attention
+from .attention.reference import ReferenceBackend
+from .cache import PackedCache
+from .recurrent import SegmentedMixer, segmented
+
+REASONS = {
+    "encoder-decoder": "is an encoder-decoder model; hf_parallel serves decoder-only causal LMs",
+    "position_ids": "forward takes no position_ids; per-stream positions need them",
+    "chunked": "uses chunked attention (attention_chunk_size), which hf_parallel lacks",
+    "interface": "does not route the attention of every layer through transformers' AttentionInterface",
+    "probe": "failed hf_parallel's probe forward",
+}
+
+
+@dataclass
+class Support:
+    """What a call must set up on a model: the kind of each cache layer, plan hooks and segmented mixers.
+
+    kinds:       per layer, "attention" or "hybrid" (K/V and a recurrent state).
+    plan_hooks:  names of attention modules that do not receive the attention kwargs.
+    mixers:      names of the modules with a recurrent state.
+    cache_class: the PackedCache to build (mixed with the model's own Cache subclass, if it defines one).
+    """
+
+    kinds: list[str]
+    plan_hooks: list[str] = field(default_factory=list)
+    mixers: list[str] = field(default_factory=list)
+    cache_class: type = PackedCache
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(self.mixers)
+
+    def cache(self, num_slots: int) -> PackedCache:
+        return self.cache_class(self.kinds, num_slots)
+
+
+_VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_support(model: PreTrainedModel) -> Support:
+    """The model's `Support`, probed once per model; NotImplementedError naming the reason when refused."""
+    if model.training:
+        raise ValueError("put the model in eval mode (model.eval()) before generating")
+    if model not in _VERDICTS:
+        _VERDICTS[model] = _probe(model)
+    return _VERDICTS[model]
+
+
+def refuse(model: nn.Module, reason: str, detail: str = "") -> NotImplementedError:
+    return NotImplementedError(f"{type(model).__name__} {REASONS[reason]}{detail}")
+
+
+def check_model(model: PreTrainedModel) -> None:
+    """Refuse, by name, what no forward can fix: the wrong type, an encoder-decoder, no `position_ids`."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    config = model.config.get_text_config()
+    if getattr(config, "is_encoder_decoder", False):
+        raise refuse(model, "encoder-decoder")
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        raise refuse(model, "position_ids")
+    if getattr(config, "attention_chunk_size", None):
+        raise refuse(model, "chunked")
+
+
+def _probe(model: PreTrainedModel) -> Support:
+    check_model(model)
+    names = {module: name for name, module in model.named_modules()}
+    mixers = [names[mixer] for _, _, mixer in segmented(model)]
+    recurrent = {model.get_submodule(name).layer_idx for name in mixers}
+    layers = model.config.get_text_config().num_hidden_layers
+    support = Support(["hybrid" if i in recurrent else "attention" for i in range(layers)], [], mixers,
+                      _cache_class(model))  # fmt: skip
+    recorder = _Recorder()
+    try:
+        _probe_forward(model, support, recorder)
+    except Exception as err:  # noqa: BLE001 - any failure of the model's own code is a reason to refuse
+        raise refuse(model, "probe", f" ({type(err).__name__}: {err})") from err
+    bypassed = recorder.bypassed()
+    if not recorder.modules or bypassed:
+        raise refuse(model, "interface", f" (layers {bypassed} wrote K/V without it)")
+    support.plan_hooks = sorted({names[m] for m, has_plan in recorder.modules if not has_plan})
+    return support
+
+
+class _Recorder(AttentionBackend):
+    """A probe backend: records which modules call it, with or without the plan, and attends by the reference."""
+
+    name = "hf_parallel_probe"
+
+    def __init__(self):
+        self.modules: list[tuple[nn.Module, bool]] = []  # (attention module, plan received), call by call
+        self.events: list[int | None] = []  # the layer index of each K/V write, None for each attention call
+
+    def bypassed(self) -> list[int]:
+        """Layers whose K/V write no attention call followed before the next write (a layer may write under
+        another index than its module's, as Zamba2's shared block does)."""
+        return [e for e, after in zip(self.events, self.events[1:] + [-1]) if e is not None and after is not None]
+
+    def attention(self, module, query, key, value, attention_mask, *args, pp_plan=None, **kwargs):
+        self.events.append(None)
+        self.modules.append((module, pp_plan is not None))
+        if pp_plan is None:  # keep the forward going: the verdict comes from the record
+            return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
+        return ReferenceBackend.attention(module, query, key, value, None, *args, pp_plan=pp_plan, **kwargs)
+
+
+def _probe_forward(model: PreTrainedModel, support: Support, recorder: _Recorder) -> None:
+    from .layout import build_layout
+    from .options import GenerationOptions
+    from .runner import Runner
+
+    vocab = model.config.get_text_config().vocab_size
+    layout = build_layout([[1 % vocab, 2 % vocab]], 1)
+    opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False, prefill_chunk=2)
+    runner = Runner(model, layout, opts, recorder, support)
+    _record_writes(runner.cache, recorder.events)
+    with torch.inference_mode(), use_model(model, recorder, support):
+        runner.prefill()
+
+
+def _record_writes(cache: PackedCache, events: list) -> None:
+    update = cache.update
+
+    def recording(key_states, value_states, layer_idx, *args, **kwargs):
+        events.append(layer_idx)
+        return update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    cache.update = recording
+
+
+def _cache_class(model: PreTrainedModel) -> type:
+    """PackedCache, mixed with a Cache subclass the model's module defines for itself (MiniMax checks its type)."""
+    module = sys.modules.get(type(model).__module__)
+    own = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Cache)
+           and c.__module__ == module.__name__] if module else []  # fmt: skip
+    return type(f"Packed{own[0].__name__}", (PackedCache, own[0]), {}) if len(own) == 1 else PackedCache
+
+
+@contextlib.contextmanager
+def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support):
+    """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented."""
+    hooks = [model.get_submodule(name).register_forward_pre_hook(_inject_plan, with_kwargs=True)
+             for name in support.plan_hooks]  # fmt: skip
+    swapped = []
+    for name in support.mixers:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        swapped.append((parent, attr, getattr(parent, attr)))
+        setattr(parent, attr, SegmentedMixer(getattr(parent, attr)))
+    try:
+        with use_attention(model, backend):
+            yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for parent, attr, mixer in swapped:
+            setattr(parent, attr, mixer)
+
+
+def _inject_plan(module, args, kwargs):
+    if kwargs.get("pp_plan") is None:
+        cache = next((v for v in kwargs.values() if isinstance(v, PackedCache)), None)
+        if cache is not None:
+            kwargs["pp_plan"] = cache.plan
+    return args, kwargs
