@@ -1,48 +1,61 @@
-"""Generation options: one dataclass, names as in `transformers.GenerationConfig`."""
+"""Generation options: one dataclass; `model.generate`'s options (but beam search) plus hf_parallel's own."""
 
 from __future__ import annotations
 
+import copy
 import numbers
-import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, replace
 
 from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .attention import BACKENDS, AttentionBackend
+from .capture import GenerateRequest
 
-DEFAULT_MAX_NEW_TOKENS = 256
-# GenerationConfig fields whose non-default values change the output and that the
-# parallel loop does not implement: refused when asked for, warned about when inherited.
-UNSUPPORTED = {
-    "num_beams": 1, "num_beam_groups": 1, "penalty_alpha": None, "repetition_penalty": 1.0,
-    "no_repeat_ngram_size": 0, "bad_words_ids": None, "force_words_ids": None, "num_return_sequences": 1,
-    "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None, "suppress_tokens": None,
-    "begin_suppress_tokens": None, "constraints": None, "guidance_scale": None, "assistant_model": None,
+DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
+OWN = ("seed", "attn", "prefill_chunk", "cuda_graphs", "compile", "tokenizer")
+GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
+CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
+# options that choose a decoding method other than greedy decoding or sampling: name -> the value that does not
+OTHER_METHODS = {
+    "num_beams": 1, "num_beam_groups": 1, "constraints": None, "force_words_ids": None, "guidance_scale": 1,
+    "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": False,
+    "token_healing": False, "penalty_alpha": 0,
 }  # fmt: skip
+REFUSED_ARGUMENTS = ("assistant_model", "assistant_tokenizer", "negative_prompt_ids", "negative_prompt_attention_mask",
+                     "streamer", "synced_gpus", "custom_generate", "trust_remote_code")  # fmt: skip
+OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
 @dataclass
 class GenerationOptions:
-    """What `generate_tokens` honours.  Unset fields default to the model's `generation_config`.
+    """What `generate_tokens` honours.  Generate's options default as in `model.generate`.
 
-    attn:          attention path: "reference" (dense stream mask + SDPA, the specification),
-                   "triton" (in-kernel stream mask, CUDA), "auto" (triton on CUDA, else reference),
-                   or an `AttentionBackend` object.
-    prefill_chunk: most prompt tokens per forward; None = the attention path's own (the dense
-                   mask's memory bounds the reference's; the Triton path builds no mask).
-    cuda_graphs:   capture the decode step once per bucket of live streams and replay it (CUDA only).
-    compile:       run decode steps through `torch.compile` of the model (the attention kernel an
-                   opaque op), so the model's own small operations fuse; each new bucket of live
-                   streams compiles once per model (tens of seconds for a 7B model).  Off by default.
+    request:           generate's options as given (GenerationConfig names, generation_config=,
+                       logits_processor=, stopping_criteria=, prefix_allowed_tokens_fn=); each prompt's
+                       processors and criteria are what generate builds from them for that prompt alone.
+    generation_config: the merged config generate decodes with (kwargs > generation_config= > the model's);
+                       set by `resolve`.
+    max_new_tokens:    new tokens per stream (256 when no length is set anywhere); None when `max_length`
+                       bounds prompt plus answer instead (per prompt, as in generate).
+    tokenizer:         needed for stop_strings (`generate_parallel` passes its own).
+    seed:              sampling draws from a generator seeded with it; None = torch's global generator.
+    attn:              attention path: "reference" (dense stream mask + SDPA, the specification),
+                       "triton" (in-kernel stream mask, CUDA), "auto" (triton on CUDA, else reference),
+                       or an `AttentionBackend` object.
+    prefill_chunk:     most prompt tokens per forward; None = the attention path's own (the dense
+                       mask's memory bounds the reference's; the Triton path builds no mask).
+    cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
+    compile:           run decode steps through `torch.compile` of the model (the attention kernel an
+                       opaque op), so the model's own small operations fuse; each new bucket of live
+                       streams compiles once per model (tens of seconds for a 7B model).  Off by default.
     """
 
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    min_new_tokens: int = 0
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    eos_token_id: tuple[int, ...] = ()
+    request: GenerateRequest = field(default_factory=GenerateRequest)
+    generation_config: GenerationConfig | None = None
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
+    tokenizer: object = None
     seed: int | None = None
     attn: str | AttentionBackend = "auto"
     prefill_chunk: int | None = None
@@ -51,16 +64,10 @@ class GenerationOptions:
 
     def __post_init__(self):
         _check_types(self)
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}")
-        if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        _refuse_other_methods(self.request)
+        requested = self.request.kwargs.get("max_new_tokens", self.max_new_tokens)
+        if requested is not None and requested < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {requested}")
         if isinstance(self.attn, str) and self.attn != "auto" and self.attn not in BACKENDS:
             raise ValueError(f"unknown attention path {self.attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
                              "or pass an AttentionBackend")  # fmt: skip
@@ -69,67 +76,143 @@ class GenerationOptions:
 
     @classmethod
     def resolve(cls, model: PreTrainedModel, **user) -> GenerationOptions:
-        """Merge `user` options over the model's generation config, refusing what is not supported."""
-        own = {f.name for f in fields(cls)}
-        for name, value in user.items():
-            if name in UNSUPPORTED and value != UNSUPPORTED[name]:
-                raise NotImplementedError(f"{name}={value!r} is not supported by parallel generation")
-            if name not in own and name not in UNSUPPORTED:
-                raise TypeError(f"unknown generation option {name!r}; supported: {sorted(own)}")
-        config = getattr(model, "generation_config", None) or GenerationConfig()
-        _warn_inherited(config, user)
-        merged = {name: getattr(config, name) for name in own if getattr(config, name, None) is not None}
-        if config.max_new_tokens is None:
-            merged.pop("max_new_tokens", None)
-        merged.update({k: v for k, v in user.items() if k in own and v is not None})
-        merged["eos_token_id"] = _as_tuple(merged.get("eos_token_id"))
-        return cls(**merged)
+        """`user`'s options over `model`'s generation config, merged and validated by generate itself."""
+        opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
+        _default_length(model, opts.request)
+        opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
+        config = opts.request.config(model)
+        mode = config.get_generation_mode()
+        if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+            raise NotImplementedError(f"{mode.value} is not supported by parallel generation (only greedy "
+                                      f"decoding and sampling); the merged config sets {_methods(config)}")  # fmt: skip
+        return replace(opts, generation_config=config, max_new_tokens=config.max_new_tokens)
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config is not None and self.generation_config.do_sample)
+
+    @property
+    def num_return_sequences(self) -> int:
+        return (self.generation_config.num_return_sequences or 1) if self.generation_config is not None else 1
 
     def prefill_chunk_for(self, backend: AttentionBackend) -> int:
         """Prompt tokens per prefill forward on `backend`."""
         return self.prefill_chunk or backend.prefill_chunk
 
 
-_INTS = ("max_new_tokens", "min_new_tokens", "top_k", "seed", "prefill_chunk")
-_FLOATS = ("temperature", "top_p")
+def _request(user: dict) -> GenerateRequest:
+    """generate's options out of `user`, checking every name first (generate would misreport unknown ones)."""
+    known = set(OWN) | set(GENERATE_ARGUMENTS) | CONFIG_FIELDS
+    refused = [k for k in REFUSED_ARGUMENTS if k in user] + [k for k in OUTPUTS if user.get(k)]
+    if refused:
+        raise NotImplementedError(f"{refused[0]} is not supported by parallel generation")
+    unknown = sorted(k for k in user if k not in known)
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        raise TypeError(f"unknown generation option{'s' if len(unknown) > 1 else ''} {names}; options are "
+                        f"GenerationConfig fields, {', '.join(GENERATE_ARGUMENTS + OWN)}")  # fmt: skip
+    kwargs = {k: v for k, v in user.items() if k in CONFIG_FIELDS}
+    if "eos_token_id" in kwargs:
+        kwargs["eos_token_id"] = _as_eos(kwargs["eos_token_id"])
+    args = {k: user[k] for k in GENERATE_ARGUMENTS if user.get(k) is not None}
+    for name in ("logits_processor", "stopping_criteria"):
+        if name in args:
+            args[name] = list(args[name])
+    return GenerateRequest(kwargs=kwargs, **args)
+
+
+def _refuse_other_methods(request: GenerateRequest) -> None:
+    sources = [request.kwargs] + ([vars(request.generation_config)] if request.generation_config else [])
+    for source in sources:
+        for name, neutral in OTHER_METHODS.items():
+            if source.get(name) not in (None, neutral):
+                raise NotImplementedError(f"{name}={source[name]!r} is not supported by parallel generation (beam "
+                                          "search, contrastive, assisted and guided decoding are not)")  # fmt: skip
+
+
+def _methods(config: GenerationConfig) -> str:
+    names = [k for k, neutral in OTHER_METHODS.items() if getattr(config, k, None) not in (None, neutral)]
+    return ", ".join(f"{k}={getattr(config, k)!r}" for k in names) or "nothing else"
+
+
+def _default_length(model: PreTrainedModel, request: GenerateRequest) -> None:
+    """DEFAULT_MAX_NEW_TOKENS where no length is set anywhere (where generate would give 20 new tokens)."""
+    configs = [request.generation_config, getattr(model, "generation_config", None)]
+    sources = [request.kwargs] + [vars(c) for c in configs if c is not None]
+    if any(s.get(k) is not None for s in sources for k in ("max_new_tokens", "max_length")):
+        return
+    if request.generation_config is None:
+        request.kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
+    else:  # on a copy of the user's config: a kwarg beside it would draw generate's deprecation warning
+        request.generation_config = copy.deepcopy(request.generation_config)
+        request.generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+
+
+def _stop_strings(model: PreTrainedModel, request: GenerateRequest):
+    """stop_strings as generate merges them: kwargs > generation_config= > the model's."""
+    if "stop_strings" in request.kwargs:
+        return request.kwargs["stop_strings"]
+    for config in (request.generation_config, getattr(model, "generation_config", None)):
+        if config is not None and getattr(config, "stop_strings", None) is not None:
+            return config.stop_strings
+    return None
+
+
+def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer):
+    """The StopStringCriteria generate would build (once per call: it tokenizes the whole vocabulary)."""
+    stop_strings = _stop_strings(model, request)
+    if stop_strings is None:
+        return None
+    request.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (see capture.py)
+    if any(type(c) is StopStringCriteria for c in request.stopping_criteria):
+        return None  # generate keeps the user's own in place of its default
+    if tokenizer is None:
+        raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate_tokens "
+                         "(generate_parallel passes its own)")  # fmt: skip
+    return StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
+
+
+_INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "no_repeat_ngram_size",
+         "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
+_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
 _BOOLS = ("do_sample", "cuda_graphs", "compile")
 
 
 def _check_types(opts: GenerationOptions) -> None:
-    """A TypeError naming the option for a value of the wrong type (None where a field allows it)."""
-    for name in _INTS + _FLOATS + _BOOLS:
-        value = getattr(opts, name)
-        if value is None and name in ("top_k", "seed", "prefill_chunk"):
+    """A TypeError naming the option for a value of the wrong type (None is generate's "unset")."""
+    values = {**opts.request.kwargs, **{name: getattr(opts, name) for name in OWN if name != "tokenizer"}}
+    for name, value in values.items():
+        if value is None or name not in _INTS + _FLOATS + _BOOLS:
             continue
         if name in _BOOLS:
-            ok = isinstance(value, bool)
+            ok, kind = isinstance(value, bool), "a bool"
         elif name in _INTS:
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            ok, kind = _is_int(value), "an int"
         else:
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+            ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
         if not ok:
-            kind = "a bool" if name in _BOOLS else "an int" if name in _INTS else "a number"
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
     if not isinstance(opts.attn, (str, AttentionBackend)):
         raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
+    config = opts.request.generation_config
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"generation_config must be a GenerationConfig, got {type(config).__name__}")
 
 
-def _as_tuple(eos) -> tuple[int, ...]:
+def _as_eos(eos) -> list[int] | None:
+    """eos_token_id as a list of ints; an empty list means no EOS (generate's None: it fails on [])."""
     if eos is None:
-        return ()
-    if isinstance(eos, numbers.Integral) and not isinstance(eos, bool):
-        return (int(eos),)
+        return None
+    if _is_int(eos):
+        return [int(eos)]
     try:
-        values = tuple(eos)
+        values = list(eos)
     except TypeError:
         raise TypeError(f"eos_token_id must be an int or a list of ints, got {type(eos).__name__}") from None
-    if not all(isinstance(e, numbers.Integral) and not isinstance(e, bool) for e in values):
+    if isinstance(eos, (str, bytes)) or not all(_is_int(e) for e in values):
         raise TypeError(f"eos_token_id must be an int or a list of ints, got {eos!r}")
-    return tuple(int(e) for e in values)
+    return [int(e) for e in values] or None
 
 
-def _warn_inherited(config: GenerationConfig, user: dict) -> None:
-    for name, default in UNSUPPORTED.items():
-        if name not in user and getattr(config, name, default) not in (default, None):
-            warnings.warn(f"the model's generation_config sets {name}={getattr(config, name)!r}, "
-                          "which parallel generation ignores", stacklevel=3)  # fmt: skip
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

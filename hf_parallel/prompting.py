@@ -106,13 +106,15 @@ def generate_parallel(
     use_chat_template: bool | None = None,
     system_prompt: str | None = None,
     **options,
-) -> list[str]:
+) -> list[str] | list[list[str]]:
     """Answer every question about `document`; answers in the order of `questions`.
 
     The document's KV cache is computed once and all questions are decoded together,
-    each as if asked alone.  `options` are generation options (`max_new_tokens`,
-    `do_sample`, `temperature`, `top_k`, `top_p`, `eos_token_id`, `min_new_tokens`,
-    `seed`, ...), defaulting to the model's generation_config.
+    each as if asked alone.  `options` are `generate_tokens`'s: what `model.generate`
+    takes but beam search (`max_new_tokens`, `do_sample`, `temperature`, `top_p`,
+    `repetition_penalty`, `stop_strings`, ...; `tokenizer` is this one), and `seed`,
+    `attn`, ..., defaulting to the model's generation_config.  With
+    `num_return_sequences=n > 1`, each question gets a list of n answers.
     """
     check_text("document", document)
     if isinstance(questions, str) or not isinstance(questions, Sequence):
@@ -122,6 +124,9 @@ def generate_parallel(
     for i, q in enumerate(questions):
         check_text(f"question {i}", q)
     options.setdefault("eos_token_id", eos_token_ids(model, tokenizer))
+    options.setdefault("tokenizer", tokenizer)
     prompts = render_prompts(tokenizer, document, questions, template, use_chat_template, system_prompt)
-    answers = generate_tokens(model, prompts, **options)
-    return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
+    tokens = generate_tokens(model, prompts, **options)
+    answers = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in tokens]
+    n = len(answers) // len(prompts)  # num_return_sequences: each question's answers are contiguous
+    return answers if n == 1 else [answers[i : i + n] for i in range(0, len(answers), n)]

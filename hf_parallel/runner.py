@@ -21,6 +21,7 @@ from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
 from .plan import AttentionPlan, Row, SlotIds, query_group
+from .processing import Processing
 from .recurrent import SegmentRuns
 from .sampling import Sampler
 from .support import Support, check_support, use_model
@@ -124,7 +125,10 @@ class Runner:
                            frozenset(self.layout.prompt_ends))  # fmt: skip
 
     def decode(self, logits: torch.Tensor) -> list[list[int]]:
-        """Sample and feed back one token per live stream until every stream stops.
+        """Choose and feed back one token per live stream until every stream stops.
+
+        Each stream's token comes from generate's processors on its own history (`Processing`), then
+        greedy argmax or a sample (`Sampler`); a stream stops when any of generate's criteria says so.
 
         Eager steps drop a stream as soon as it stops.  Captured steps run a bucket of rows
         anyway, so there a stopped stream keeps decoding into its own answer region (which
@@ -132,21 +136,24 @@ class Runner:
         smaller bucket: the plan is then rebuilt on the host once per bucket, not once per
         stopping stream.
         """
-        n = self.layout.num_prompts
+        n, room = self.layout.num_prompts, self.layout.max_new_tokens
+        processing = Processing.for_layout(self.model, self.opts, self.layout, self.device)
         sampler = Sampler(self.opts, self.device)
-        out = torch.full((n, self.opts.max_new_tokens), -1, dtype=torch.long, device=self.device)
+        out = torch.full((n, room), -1, dtype=torch.long, device=self.device)
         live = torch.arange(n, device=self.device)  # the streams fed this step
         running = torch.ones(n, dtype=torch.bool, device=self.device)  # ... of which have not stopped
         answer_slots = self.layout.answer_slots.to(self.device)
         changed = True  # the set of fed streams changed since the last step
-        for step in range(self.opts.max_new_tokens):
-            new = sampler(logits, step)
+        for step in range(room):
+            new = sampler(processing.scores(logits))
+            processing.append(new)
             out[live, step] = torch.where(running, new, -1)
-            running &= ~sampler.is_eos(new)
+            running &= ~processing.stopped(new)
             left = int(running.sum())  # the one host sync of a step
-            if step + 1 == self.opts.max_new_tokens or left == 0:
+            if step + 1 == room or left == 0:
                 break
             if left < len(live) and (not self.captured_steps or left <= bucket(len(live)) // 2):
+                processing.keep(running)
                 live, new, running, changed = live[running], new[running], running[running], True
             logits = self.step(answer_slots[live, step], new, changed)
             changed = False

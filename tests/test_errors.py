@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from hf_parallel import generate_parallel, generate_tokens
 
@@ -65,11 +66,17 @@ def test_learned_positions_beyond_limit_refused_not_crashing():
 
 def test_beam_search_and_unknown_options_are_refused(llama):
     with pytest.raises(NotImplementedError, match="num_beams"):
-        generate_tokens(llama, [[3, 4]], num_beams=4)
-    with pytest.raises(NotImplementedError, match="repetition_penalty"):
-        generate_tokens(llama, [[3, 4]], repetition_penalty=1.3)
+        generate_tokens(llama, [[3, 4]], num_beams=2)
+    for option in ({"penalty_alpha": 0.6, "top_k": 4}, {"guidance_scale": 1.5}, {"force_words_ids": [[5]]},
+                   {"num_beam_groups": 2}, {"assistant_model": llama}):  # fmt: skip
+        with pytest.raises(NotImplementedError, match=next(iter(option))):
+            generate_tokens(llama, [[3, 4]], max_new_tokens=2, **option)
+    with pytest.raises(NotImplementedError, match="num_beams"):  # through generation_config= too
+        generate_tokens(llama, [[3, 4]], generation_config=GenerationConfig(num_beams=3))
     with pytest.raises(TypeError, match="unknown generation option 'max_tokens'"):
         generate_tokens(llama, [[3, 4]], max_tokens=4)
+    with pytest.raises(TypeError, match="unknown generation options 'colour', 'flavour'"):
+        generate_tokens(llama, [[3, 4]], flavour=1, colour=2)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         generate_tokens(llama, [[3, 4]], max_new_tokens=0)
     with pytest.raises(ValueError, match="unknown attention path"):
@@ -77,6 +84,27 @@ def test_beam_search_and_unknown_options_are_refused(llama):
     for ablation in ("layout", "own_tiles", "streams_per_tile"):  # benchmark ablations are not user options
         with pytest.raises(TypeError, match=f"unknown generation option '{ablation}'"):
             generate_tokens(llama, [[3, 4]], **{ablation: 1})
+
+
+def test_beam_search_inherited_from_the_model_config_is_refused():
+    model = tiny_model("llama")
+    model.generation_config.num_beams = 4
+    with pytest.raises(NotImplementedError, match="beam_search"):
+        generate_tokens(model, [[3, 4]], max_new_tokens=2)
+
+
+def test_stop_strings_without_a_tokenizer_are_refused(llama):
+    with pytest.raises(ValueError, match="stop_strings need the model's tokenizer: pass tokenizer="):
+        generate_tokens(llama, [[3, 4]], max_new_tokens=2, stop_strings=["stop"])
+
+
+def test_options_generate_refuses_are_refused_as_generate_refuses_them(llama):
+    with pytest.raises(ValueError, match="num_return_sequences"):  # generate's own check: greedy gives one answer
+        generate_tokens(llama, [[3, 4]], max_new_tokens=2, num_return_sequences=2)
+    with pytest.raises(ValueError, match="temperature"):  # generate's TemperatureLogitsWarper
+        generate_tokens(llama, [[3, 4]], max_new_tokens=2, do_sample=True, temperature=0.0)
+    with pytest.raises(NotImplementedError, match="output_scores"):  # hf_parallel returns token lists
+        generate_tokens(llama, [[3, 4]], max_new_tokens=2, output_scores=True)
 
 
 def test_tokenizer_without_eos_is_refused(llama):
@@ -148,6 +176,9 @@ def test_attention_outside_generation_says_so(llama):
     ({"prefill_chunk": 1.5}, TypeError, "prefill_chunk must be an int"),
     ({"eos_token_id": "2"}, TypeError, "eos_token_id must be an int or a list of ints"),
     ({"attn": 3}, TypeError, "attn must be a string or an AttentionBackend"),
+    ({"repetition_penalty": "1.2"}, TypeError, "repetition_penalty must be a number, got str"),
+    ({"num_return_sequences": 2.0}, TypeError, "num_return_sequences must be an int, got float"),
+    ({"generation_config": {"top_k": 3}}, TypeError, "generation_config must be a GenerationConfig, got dict"),
 ])  # fmt: skip
 def test_options_of_the_wrong_type_are_named(llama, options, error, match):
     with pytest.raises(error, match=match):
