@@ -1,8 +1,61 @@
-"""The command line: `hf-parallel demo` and `hf-parallel eval` (also `python -m hf_parallel ...`)."""
+"""The command line: `hf-parallel demo`, `eval` and `answer` (also `python -m hf_parallel ...`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .corpus import TOKENS_PER_CALL
+
+ANSWER_HELP = """\
+Answer questions about documents with parallel prompting.
+
+  one document:  hf-parallel answer --document DOC.txt --questions QUESTIONS.txt
+                 (one question a line, blank lines skipped); prints each question and its answer.
+  a corpus:      hf-parallel answer --corpus IN.jsonl --out OUT.jsonl
+                 IN: one {"id": ..., "document": ..., "questions": [...]} object a line ("id" optional).
+                 OUT: one {"line", "id", "questions", "answers"} object per document, in input order,
+                 appended as documents finish.  Run again after an interruption, a run skips the
+                 documents OUT holds (by id, else by line number) and appends the others.  A bad line
+                 (not JSON, no document, no questions, a repeated id, a prompt longer than the model
+                 takes) is reported and skipped, the other documents are answered, and the command
+                 ends with a usage error (exit status 2) naming the skipped lines.
+"""
+
+
+@dataclass
+class AnswerConfig:
+    """One `hf-parallel answer` run; its flags map one-to-one onto these fields."""
+
+    document: str | None = None  # a text file: the document (single-document mode)
+    questions: str | None = None  # a text file: one question a line
+    corpus: str | None = None  # JSON lines in (corpus mode)
+    out: str | None = None  # JSON lines out, appended to and resumed from
+    model: str | None = None  # a local path or hub id; default: the embedded SmolLM2-135M-Instruct
+    max_new_tokens: int | None = None  # per answer; default: the model's generation_config (else 256)
+    dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on the CPU)
+    device: str | None = None  # cpu | cuda[:N]; default: cuda when available
+    template: str | None = None  # the user turn from "{document}" and "{question}"
+    system_prompt: str | None = None
+    tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
+    progress: bool | None = None  # a progress bar (corpus mode); default: when stderr is a terminal
+
+    def __post_init__(self):
+        from .prompting import check_template
+
+        single, corpus = (self.document, self.questions), (self.corpus, self.out)
+        if any(single) == any(corpus):
+            raise ValueError("give either --document and --questions, or --corpus and --out")
+        if not all(single if any(single) else corpus):
+            raise ValueError("--document needs --questions" if any(single) else "--corpus needs --out")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.template is not None:
+            check_template(self.template)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -13,6 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     # eval's flags (and --help) belong to the evaluation runner, imported only when asked
     # for: it needs the `eval` extra (scipy, tqdm), which the demo does not.
     commands.add_parser("eval", help="answer quality: standard vs parallel vs batch prompting", add_help=False)
+    answer = commands.add_parser("answer", help="answer questions about a document or a JSON-lines corpus",
+                                 description=ANSWER_HELP,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _answer_arguments(answer)
     args, rest = parser.parse_known_args(argv)
     if args.command == "eval":
         from .evaluation.quality import main as evaluate
@@ -21,9 +78,40 @@ def main(argv: list[str] | None = None) -> None:
         return
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "answer":
+        config = _answer_config(answer, args)
+        _answer_corpus(answer, config) if config.corpus else _answer_document(answer, config)
+        return
     from .demo import run
 
     run(max_new_tokens=args.max_new_tokens)
+
+
+def _answer_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per `AnswerConfig` field."""
+    parser.add_argument("--document", help="text file: the document")
+    parser.add_argument("--questions", help="text file: one question a line (blank lines skipped)")
+    parser.add_argument("--corpus", help="JSON-lines file: one document with its questions a line")
+    parser.add_argument("--out", help="JSON-lines file the corpus's answers are appended to (and resumed from)")
+    parser.add_argument("--model", help="local path or hub id (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, help="per answer (default: the model's config)")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                        help="auto: bfloat16 on CUDA, float32 on the CPU")  # fmt: skip
+    parser.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available)")
+    parser.add_argument("--template", help='the user turn, from "{document}" and "{question}"')
+    parser.add_argument("--system-prompt", help="a system message (needs the tokenizer's chat template)")
+    parser.add_argument("--tokens-per-call", type=_positive_int, default=TOKENS_PER_CALL,
+                        help="most prompt tokens per generate call (corpus mode)")  # fmt: skip
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                        help="a progress bar on stderr (default: when stderr is a terminal)")  # fmt: skip
+
+
+def _answer_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> AnswerConfig:
+    """The config from the parsed flags; a combination it refuses is a usage error (exit status 2)."""
+    try:
+        return AnswerConfig(**{f.name: getattr(args, f.name) for f in fields(AnswerConfig)})
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def _positive_int(text: str) -> int:
@@ -35,3 +123,134 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+# --------------------------------------------------------------------------- hf-parallel answer
+
+
+def _answer_document(parser: argparse.ArgumentParser, config: AnswerConfig) -> None:
+    """Print each question of the questions file with its answer about the document file."""
+    from .prompting import generate_parallel
+
+    document = _read(parser, config.document, "document").strip()
+    questions = [line.strip() for line in _read(parser, config.questions, "questions").splitlines() if line.strip()]
+    if not document:
+        parser.error(f"the document file {config.document} is empty")
+    if not questions:
+        parser.error(f"the questions file {config.questions} has no questions (one a line; blank lines are skipped)")
+    model, tokenizer = _load(parser, config)
+    try:
+        answers = generate_parallel(model, tokenizer, document, questions, config.template, None,
+                                    config.system_prompt, **_options(config))  # fmt: skip
+    except ValueError as error:  # a document longer than the model takes, a system prompt without a chat template
+        parser.error(str(error))
+    for question, answer in zip(questions, answers):
+        print(f"Q: {question}\nA: {answer}\n")
+
+
+def _answer_corpus(parser: argparse.ArgumentParser, config: AnswerConfig) -> None:
+    """Answer the corpus's documents that --out does not hold yet, appending each line as it finishes."""
+    from .corpus import answer_corpus, append_json_lines
+
+    records, problems = _corpus_todo(parser, config)
+    if records:
+        model, tokenizer = _load(parser, config)
+        records = _fitting(parser, model, tokenizer, records, config, problems)
+        pairs = [(r["document"], r["questions"]) for r in records]
+        for result in answer_corpus(model, tokenizer, pairs, config.template, None, config.system_prompt,
+                                    config.tokens_per_call, config.progress, **_options(config)):  # fmt: skip
+            append_json_lines(config.out, [_answer_line(records[result.index], result.answers)])
+    if problems:
+        lines = ", ".join(str(line) for line, _ in sorted(problems))
+        parser.error(f"skipped {len(problems)} bad line(s) of {config.corpus} (line {lines}, reported above); the "
+                     f"other documents' answers are in {config.out}")  # fmt: skip
+
+
+def _corpus_todo(parser: argparse.ArgumentParser, config: AnswerConfig) -> tuple[list[dict], list[tuple]]:
+    """The corpus's good records that --out does not hold yet, and its bad lines (reported on stderr)."""
+    from .corpus import answer_key, finished_answers, read_corpus
+
+    try:
+        records, problems = read_corpus(config.corpus)
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"cannot read the corpus {config.corpus}: {error}")
+    for line, problem in problems:
+        _skip(parser, config, line, problem)
+    if not records and not problems:
+        parser.error(f'the corpus {config.corpus} is empty (expected one {{"document", "questions"}} object a line)')
+    try:
+        finished = finished_answers(config.out)
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        parser.error(f"cannot resume from {config.out}: {error}; pass another --out or delete it")
+    questions = {answer_key(r): r["questions"] for r in records}
+    for key, asked in finished.items():
+        if questions.get(key) != asked:
+            parser.error(f"{config.out} holds the answers of another corpus (its {key[0]} {key[1]!r} has other "
+                         f"questions in {config.corpus}, or none); pass another --out or delete it")  # fmt: skip
+    if finished:
+        print(f"{parser.prog}: {len(finished)} document(s) already answered in {config.out}", file=sys.stderr)
+    return [r for r in records if answer_key(r) not in finished], problems
+
+
+def _fitting(parser, model, tokenizer, records: list[dict], config: AnswerConfig, problems: list) -> list[dict]:
+    """The records whose prompts fit the model's positions; each other one becomes a reported bad line."""
+    from .inputs import check_tokens
+    from .prompting import render_prompts
+
+    fitting = []
+    for record in records:
+        try:
+            prompts = render_prompts(tokenizer, record["document"], record["questions"], config.template, None,
+                                     config.system_prompt)  # fmt: skip
+        except ValueError as error:  # a flag the tokenizer cannot honour: a system prompt without a chat template
+            parser.error(str(error))
+        try:
+            for j, prompt in enumerate(prompts):
+                check_tokens(model, f"question {j}'s prompt", prompt, config.max_new_tokens or 0)
+            fitting.append(record)
+        except ValueError as error:
+            problems.append((record["line"], str(error)))
+            _skip(parser, config, *problems[-1])
+    return fitting
+
+
+def _skip(parser: argparse.ArgumentParser, config: AnswerConfig, line: int, problem: str) -> None:
+    print(f"{parser.prog}: {config.corpus} line {line}: {problem}; skipped", file=sys.stderr)
+
+
+def _answer_line(record: dict, answers: list) -> dict:
+    line = {"line": record["line"], "id": record["id"], "questions": record["questions"], "answers": answers}
+    return line if record["id"] is not None else {k: v for k, v in line.items() if k != "id"}
+
+
+def _read(parser: argparse.ArgumentParser, path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"cannot read the {what} file {path}: {error}")
+
+
+def _load(parser: argparse.ArgumentParser, config: AnswerConfig):
+    """(model, tokenizer): --model from a local path or the hub, else the embedded SmolLM2."""
+    import torch
+
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    try:
+        if config.model is None:
+            from .models import load_smollm2
+
+            return load_smollm2(getattr(torch, dtype), device)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=getattr(torch, dtype), device_map=device)
+        return model.eval(), tokenizer
+    except (OSError, ValueError, ImportError) as error:  # no such path or hub id, offline, a missing package
+        parser.error(f"cannot load the model {config.model or 'SmolLM2-135M-Instruct'}: {error}")
+
+
+def _options(config: AnswerConfig) -> dict:
+    return {} if config.max_new_tokens is None else {"max_new_tokens": config.max_new_tokens}
