@@ -8,14 +8,16 @@ its question were asked alone.
 from transformers import PreTrainedModel
 
 from .attention import AttentionBackend
-from .generation import generate_tokens
+from .generation import generate_tokens, stream_tokens
 from .judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge
 from .options import GenerationOptions
 from .prompting import generate_parallel, render_prompt, render_prompts
 from .scoring import score_continuations
+from .session import Session
 
 __all__ = [
-    "generate_parallel", "generate_tokens", "render_prompt", "render_prompts", "GenerationOptions", "AttentionBackend",
+    "generate_parallel", "generate_tokens", "stream_tokens", "Session", "render_prompt", "render_prompts",
+    "GenerationOptions", "AttentionBackend",
     "score_continuations", "judge", "ChoiceQuestion", "ScoreQuestion", "YesNoQuestion", "JudgeResult",
 ]  # fmt: skip
 

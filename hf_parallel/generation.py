@@ -1,44 +1,156 @@
-"""`generate_tokens`: answer every prompt as if alone, shared token prefixes computed once."""
+"""`generate_tokens` and `stream_tokens`: answer every prompt as if alone, shared token prefixes computed once.
+
+A workload that fits the memory budget runs as one packed row (`Runner`).  One that does
+not is admitted as room frees up (`RefillEngine`: continuous refill, or static waves), a
+document's prompts together; models with recurrent layers run it in waves of rows.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from .attention import resolve_backend
+from .attention import AttentionBackend, resolve_backend
+from .budget import RowBudget, row_budget, size
+from .engine import RefillEngine
 from .inputs import as_token_lists, check_tokens
-from .layout import build_layout
+from .layout import Layout, build_layout
 from .options import GenerationOptions
+from .rowlayout import Forest
 from .runner import Runner
-from .support import check_model, check_support
+from .session import Session
+from .support import Support, check_model, check_support, use_model
 
 
-@torch.inference_mode()
-def generate_tokens(model: PreTrainedModel, prompts, **options) -> list[list[int]]:
+def generate_tokens(model: PreTrainedModel, prompts, session: Session | None = None, **options) -> list[list[int]]:
     """Answer every prompt as if alone; shared token prefixes are computed once.
 
     prompts: P complete prompts, lists of token ids (or a 2-D tensor, one prompt per row).
     Their common prefixes are found from the tokens (a prefix tree of any depth), so one
     document with many questions, several documents, a shared system prompt or dialogue
-    turns that extend one another all work.
+    turns that extend one another all work.  Any number of prompts: what does not fit the
+    memory budget (`max_memory`) waits for room.
     options: what `model.generate` takes (GenerationConfig names, generation_config=,
     logits_processor=, stopping_criteria=, prefix_allowed_tokens_fn=), merged as generate
     merges them, but beam search; `tokenizer=` (for stop_strings); and hf_parallel's own
     (`GenerationOptions`).
+    session: a `Session` keeping the packed row between calls (else the call frees it).
     Returns P * num_return_sequences lists of new tokens, each prompt's answers contiguous
     (as generate orders them), each up to and including EOS when generated.
     """
-    check_model(model)
-    prompts = as_token_lists("prompts", prompts)
-    opts = GenerationOptions.resolve(model, **options)
-    if not prompts:
-        return []
-    budgets = []  # new tokens each prompt may get (generate's max_length - prompt length)
-    for i, prompt in enumerate(prompts):
-        check_tokens(model, f"prompt {i}", prompt)
-        budgets.append(opts.request.prepare(model, prompt).budget)  # generate's lists, captured before any work
-        check_tokens(model, f"prompt {i}", prompt, budgets[-1])
-    support = check_support(model)
-    backend = resolve_backend(opts.attn, model.device)
-    streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
-    return Runner(model, build_layout(streams, max(budgets)), opts, backend, support).run()
+    call = _Call.prepare(model, prompts, options, session)
+    out: list[list[int] | None] = [None] * len(call.streams)
+    for index, tokens in call.run():
+        out[index] = tokens
+    return out
+
+
+def stream_tokens(model: PreTrainedModel, prompts, session: Session | None = None, **options):
+    """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list).
+
+    While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
+    the iterator is exhausted or closed.
+    """
+    return _Call.prepare(model, prompts, options, session).run()
+
+
+@dataclass
+class _Call:
+    """One call's checked inputs: its streams, options, model support, backend and memory budget."""
+
+    model: PreTrainedModel
+    streams: list[list[int]]
+    room: int  # most new tokens of any stream (each stream's own limit is generate's, per prompt)
+    opts: GenerationOptions
+    support: Support
+    backend: AttentionBackend
+    session: Session | None
+
+    @classmethod
+    @torch.inference_mode()
+    def prepare(cls, model, prompts, options: dict, session) -> _Call:
+        check_model(model)
+        prompts = as_token_lists("prompts", prompts)
+        opts = GenerationOptions.resolve(model, **options)
+        budgets = []  # new tokens each prompt may get (generate's max_length - prompt length)
+        for i, prompt in enumerate(prompts):
+            check_tokens(model, f"prompt {i}", prompt)
+            budgets.append(opts.request.prepare(model, prompt).budget)  # generate's lists, captured before any work
+            check_tokens(model, f"prompt {i}", prompt, budgets[-1])
+        support = check_support(model) if prompts else None
+        backend = resolve_backend(opts.attn, model.device)
+        streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
+        return cls(model, streams, max(budgets, default=1), opts, support, backend, session)
+
+    def run(self) -> Iterator[tuple[int, list[int]]]:
+        if not self.streams:
+            return
+        layout = build_layout(self.streams, self.room)
+        chunk = self.opts.prefill_chunk_for(self.backend)
+        budget = row_budget(self.model, self.support, chunk, self.opts.max_memory, len(self.streams))
+        bar = tqdm(total=len(self.streams), unit="answer", disable=not _show_progress(self.opts.progress))
+        with bar:
+            if layout.num_slots <= budget.capacity and len(self.streams) <= budget.streams:
+                runs = self._one_row(layout)
+            elif self.support.recurrent:
+                runs = self._waves(layout, budget)
+            else:
+                runs = self._refill(layout, budget)
+            for index, tokens in runs:
+                bar.update()
+                yield index, tokens
+
+    def _one_row(self, layout: Layout) -> Iterator[tuple[int, list[int]]]:
+        runner = Runner(self.model, layout, self.opts, self.backend, self.support, self.session)
+        yield from enumerate(runner.run())
+
+    def _waves(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
+        """Rows one after another, each as many streams (a document's together) as fit it."""
+        for wave in _waves(self.streams, document_order(layout), self.room, budget):
+            wave_layout = build_layout([self.streams[i] for i in wave], self.room)
+            runner = Runner(self.model, wave_layout, self.opts, self.backend, self.support, self.session)
+            yield from zip(wave, runner.run())
+
+    def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
+        empty = Forest(budget.capacity).snapshot(self.room)
+        runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
+        engine = RefillEngine(runner, self.streams, document_order(layout), self.room, budget, self.opts.refill)
+        with use_model(self.model, self.backend, self.support):
+            rounds = engine.run()
+            while True:
+                with torch.inference_mode():
+                    finished = next(rounds, None)
+                if finished is None:
+                    return
+                yield finished
+
+
+def document_order(layout: Layout) -> list[int]:
+    """The streams by the root of their prefix tree (first appearance), so a document's streams are together."""
+    roots = [layout.ancestors(end)[0] for end in layout.prompt_ends]
+    return sorted(range(layout.num_prompts), key=lambda p: (roots[p], p))
+
+
+def _waves(streams, order: list[int], room: int, budget: RowBudget) -> Iterator[list[int]]:
+    forest, wave = Forest(budget.capacity), []
+    for index in order:
+        if len(wave) == budget.streams or forest.admit(index, streams[index], room) is None:
+            if wave:
+                yield wave
+            forest, wave = Forest(budget.capacity), []
+            if forest.admit(index, streams[index], room) is None:
+                raise ValueError(f"prompt {index} needs {len(streams[index]) + room} slots (its tokens plus "
+                                 f"max_new_tokens) but the memory budget holds {budget.capacity} tokens of K/V "
+                                 f"({size(budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
+        wave.append(index)
+    if wave:
+        yield wave
+
+
+def _show_progress(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress

@@ -14,7 +14,6 @@ A captured step holds its graph, its static buffers and the attention backend's
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -105,9 +104,8 @@ ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share
 class StaticRow:
     """A packed row of fixed capacity (cache + slot-id buffers) and its captured decode steps.
 
-    Kept on the model (`model._hf_parallel_row`) while it is large enough; a call that
-    needs more slots replaces it.  Slots past the current layout carry segment -1, so
-    no query sees them.
+    A call makes one, or takes a `Session`'s, which keeps it for later calls while it is large
+    enough.  Slots past the current layout carry segment -1, so no query sees them.
     """
 
     def __init__(self, model, capacity: int, support):
@@ -120,17 +118,13 @@ class StaticRow:
         )
         self.graphs = DecodeGraphs()
 
+    def fits(self, model, layout: Layout) -> bool:
+        return self.capacity >= layout.num_slots and self.dtype == model.dtype
+
     @classmethod
-    def for_model(cls, model, layout: Layout, support) -> StaticRow:
-        row = getattr(model, "_hf_parallel_row", None)
-        if row is None or row.capacity < layout.num_slots or row.dtype != model.dtype:
-            if row is not None:  # free the old row (and its graphs' memory pool) before allocating the new one
-                model._hf_parallel_row = row = None
-                gc.collect()
-                torch.cuda.empty_cache()
-            capacity = -(-layout.num_slots // ROW_ROUNDING) * ROW_ROUNDING
-            row = model._hf_parallel_row = cls(model, capacity, support)
-        return row
+    def for_layout(cls, model, layout: Layout, support) -> StaticRow:
+        """A row for `layout`, its capacity rounded up so that later, similar calls fit it too."""
+        return cls(model, -(-layout.num_slots // ROW_ROUNDING) * ROW_ROUNDING, support)
 
     def load(self, layout: Layout) -> SlotIds:
         """Write `layout`'s ids into the static buffers; ids of the full capacity."""

@@ -11,10 +11,11 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .attention import BACKENDS, AttentionBackend
+from .budget import parse_memory
 from .capture import GenerateRequest
 
 DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
-OWN = ("seed", "attn", "prefill_chunk", "cuda_graphs", "compile", "tokenizer")
+OWN = ("seed", "attn", "prefill_chunk", "cuda_graphs", "compile", "tokenizer", "max_memory", "refill", "progress")
 GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
 CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
 # options that choose a decoding method other than greedy decoding or sampling: name -> the value that does not
@@ -50,6 +51,11 @@ class GenerationOptions:
     compile:           run decode steps through `torch.compile` of the model (the attention kernel an
                        opaque op), so the model's own small operations fuse; each new bucket of live
                        streams compiles once per model (tens of seconds for a 7B model).  Off by default.
+    max_memory:        the memory the call's row may take (bytes or a string such as "40GiB"); None = what
+                       the device has free.  Work that does not fit is admitted as room frees up.
+    refill:            admit waiting prompts into the room finished streams free while the others decode
+                       (continuous refill); False = only into an empty row (static waves).
+    progress:          a progress bar over finished prompts; None = on when stderr is a terminal.
     """
 
     request: GenerateRequest = field(default_factory=GenerateRequest)
@@ -61,6 +67,9 @@ class GenerationOptions:
     prefill_chunk: int | None = None
     cuda_graphs: bool = True
     compile: bool = False
+    max_memory: int | str | None = None
+    refill: bool = True
+    progress: bool | None = None
 
     def __post_init__(self):
         _check_types(self)
@@ -175,7 +184,7 @@ def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer)
 _INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "no_repeat_ngram_size",
          "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
-_BOOLS = ("do_sample", "cuda_graphs", "compile")
+_BOOLS = ("do_sample", "cuda_graphs", "compile", "refill", "progress")
 
 
 def _check_types(opts: GenerationOptions) -> None:
@@ -192,6 +201,8 @@ def _check_types(opts: GenerationOptions) -> None:
             ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
         if not ok:
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if opts.max_memory is not None:
+        parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
     if not isinstance(opts.attn, (str, AttentionBackend)):
         raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
     config = opts.request.generation_config

@@ -106,7 +106,11 @@ class Processing:
     @classmethod
     def for_layout(cls, model: PreTrainedModel, opts: GenerationOptions, layout: Layout, device) -> Processing:
         """generate's lists for every stream of `layout` (captured once per prompt length)."""
-        prompts = layout_prompts(layout)
+        return cls.for_prompts(model, opts, layout_prompts(layout), layout.max_new_tokens, device)
+
+    @classmethod
+    def for_prompts(cls, model: PreTrainedModel, opts: GenerationOptions, prompts: list, room: int, device):
+        """generate's lists for streams of these `prompts` (token arrays), at most `room` new tokens each."""
         groups, index, stream_group = [], {}, []
         for prompt in prompts:
             prepared = opts.request.prepare(model, prompt)
@@ -114,7 +118,7 @@ class Processing:
                 index[id(prepared)] = len(groups)
                 groups.append(prepared)
             stream_group.append(index[id(prepared)])
-        return cls(groups, stream_group, prompts, layout.max_new_tokens, device)
+        return cls(groups, stream_group, [np.asarray(p, dtype=np.int64) for p in prompts], room, device)
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """generate's processed scores [N, V] (float32) from the live rows' next-token logits [N, V]."""

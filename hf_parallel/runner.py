@@ -10,6 +10,7 @@ The loop asks its attention backend for each forward's plan and knows nothing el
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 
@@ -24,6 +25,7 @@ from .plan import AttentionPlan, Row, SlotIds, query_group
 from .processing import Processing
 from .recurrent import SegmentRuns
 from .sampling import Sampler
+from .session import Session
 from .support import Support, check_support, use_model
 
 RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per live count without CUDA graphs)
@@ -32,20 +34,23 @@ RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per
 class Runner:
     """One generation over one packed row: the row's cache and slot ids, and its forwards.
 
-    With CUDA graphs the row is a `StaticRow` kept on the model and reused by later
-    calls (same buffers, so the captured decode steps replay); otherwise it is fresh.
+    With CUDA graphs the row is a `StaticRow`, the call's own or a `Session`'s (which keeps it for later
+    calls: same buffers, so the captured decode steps replay); otherwise a fresh cache.
     `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
     of its own), to be called inside `use_model(model, backend, support)`.
     """
 
     def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend,
-                 support: Support | None = None):  # fmt: skip
+                 support: Support | None = None, session: Session | None = None):  # fmt: skip
         support = support if support is not None else check_support(model)
         self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
         self.device = model.device
         # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now
         captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent
-        self.static = StaticRow.for_model(model, layout, support) if captured else None
+        if captured:  # the session's row (kept between calls), or one of this call's
+            self.static = session.row_for(layout, support) if session else StaticRow.for_layout(model, layout, support)
+        else:
+            self.static = None
         if self.static is not None:
             ids, self.cache, capacity = self.static.load(layout), self.static.cache, self.static.capacity
         else:
@@ -196,8 +201,15 @@ def recompile_limit(limit: int):
 
 
 def compiled_call(model: PreTrainedModel):
-    """`torch.compile` of the model's call, made once per model and kept on it (its compiled graphs too)."""
-    call = getattr(model, "_hf_parallel_compiled", None)
-    if call is None:
-        call = model._hf_parallel_compiled = torch.compile(model.__call__, dynamic=False)
-    return call
+    """The model's call through `torch.compile`: one compiled function for every model (dynamo guards on the model
+    it is handed), so nothing is kept on the model and no reference cycle through it forms."""
+    return functools.partial(_compiled_model_call(), model)
+
+
+@functools.cache
+def _compiled_model_call():
+    return torch.compile(_call_model, dynamic=False)
+
+
+def _call_model(model, **kwargs):
+    return model(**kwargs)

@@ -26,7 +26,7 @@ from transformers.cache_utils import Cache
 
 from .attention import AttentionBackend, use_attention
 from .attention.reference import ReferenceBackend
-from .cache import PackedCache
+from .cache import PackedCache, PackedLayer
 from .recurrent import SegmentedMixer, segmented
 
 REASONS = {
@@ -46,12 +46,16 @@ class Support:
     plan_hooks:  names of attention modules that do not receive the attention kwargs.
     mixers:      names of the modules with a recurrent state.
     cache_class: the PackedCache to build (mixed with the model's own Cache subclass, if it defines one).
+    slot_bytes:  cache bytes of one slot (K and V of every attention layer), measured by the probe.
+    stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers), measured by the probe.
     """
 
     kinds: list[str]
     plan_hooks: list[str] = field(default_factory=list)
     mixers: list[str] = field(default_factory=list)
     cache_class: type = PackedCache
+    slot_bytes: int = 0
+    stream_bytes: int = 0
 
     @property
     def recurrent(self) -> bool:
@@ -142,8 +146,14 @@ def _probe_forward(model: PreTrainedModel, support: Support, recorder: _Recorder
     opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False, prefill_chunk=2)
     runner = Runner(model, layout, opts, recorder, support)
     _record_writes(runner.cache, recorder.events)
-    with torch.inference_mode(), use_model(model, recorder, support):
-        runner.prefill()
+    try:
+        with torch.inference_mode(), use_model(model, recorder, support):
+            runner.prefill()
+    finally:
+        del runner.cache.update  # the recording wrapper refers to the cache: no cycle may outlive the probe
+    kv = [layer for layer in runner.cache.layers if isinstance(layer, PackedLayer)]
+    support.slot_bytes = sum(PackedLayer.stored_bytes(layer) for layer in kv) // layout.num_slots
+    support.stream_bytes = runner.cache.stored_bytes() - support.slot_bytes * layout.num_slots
 
 
 def _record_writes(cache: PackedCache, events: list) -> None:

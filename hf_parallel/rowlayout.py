@@ -1,0 +1,202 @@
+"""A packed row whose prompts come and go: the prefix forest of the resident prompts and their slots.
+
+`build_layout` lays out a fixed set of prompts once.  With continuous refill, finished
+streams leave the row and waiting prompts take their room while the others decode, so
+the row is a forest of resident nodes (runs of prompt tokens, and answer regions) over a
+slot allocator:
+
+    admit    a prompt walks the forest from its root: the tokens already resident (a
+             document its earlier questions brought in) are reused, splitting a node
+             where the prompt branches off; its new tokens and answer room take one
+             free region after its deepest resident ancestor (a key's slot must come
+             before its queries' slots: causality is by slot)
+    release  a finished stream's answer region is freed; so are the nodes no admitted
+             stream goes through any more (`collect`, after the round's admissions, so a
+             waiting prompt can still reuse the prefix its predecessors brought in)
+    snapshot the forest as a `Layout` (segments in pre-order, ids over the row's
+             capacity), which the attention backends plan from as before
+
+Slot order need not follow the tree across branches: visibility is by segment
+ancestry, causality by slot, and each new region lies after its ancestors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .layout import Layout, Segment
+
+
+@dataclass(eq=False)
+class Node:
+    """Resident tokens of one run of a prefix tree (room > 0: a stream's answer region)."""
+
+    tokens: list[int]
+    parent: Node | None
+    depth: int  # position of the first token
+    slot: int  # first slot
+    room: int = 0
+    children: list[Node] = field(default_factory=list)
+    users: int = 0  # admitted streams whose prompt goes through this node
+    written: int = 0  # leading tokens whose K/V is in the cache
+    stream: int = -1  # answer regions: the prompt index
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens) + self.room
+
+    @property
+    def end(self) -> int:
+        return self.slot + self.length
+
+
+class Forest:
+    """The resident prompts of a row of `capacity` slots (module docstring)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.roots: list[Node] = []
+        self.free: list[list[int]] = [[0, capacity]]  # sorted, disjoint [start, end)
+        self.answers: dict[int, Node] = {}  # prompt index -> its answer region
+
+    def admit(self, index: int, prompt: list[int], room: int) -> Node | None:
+        """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits."""
+        parent, matched = self._match(prompt)
+        new = prompt[matched:]
+        start = self._allocate(len(new) + room, parent.end if parent is not None else 0)
+        if start is None:
+            return None
+        if new:
+            parent = self._attach(Node(new, parent, matched, start))
+        answer = self._attach(Node([], parent, len(prompt), start + len(new), room, stream=index))
+        node = answer
+        while node is not None:
+            node.users += 1
+            node = node.parent
+        self.answers[index] = answer
+        return answer
+
+    def release(self, index: int) -> None:
+        """Stream `index` finished: its answer region goes, the rest waits for `collect`."""
+        node = self.answers.pop(index)
+        self._detach(node)
+        while node is not None:
+            node.users -= 1
+            node = node.parent
+
+    def collect(self) -> None:
+        """Free every node no admitted stream goes through."""
+        for node in [n for n in self.nodes() if n.users == 0]:
+            self._detach(node)
+
+    def nodes(self) -> list[Node]:
+        """Every resident node in pre-order (roots by slot)."""
+        out, stack = [], sorted(self.roots, key=lambda n: n.slot, reverse=True)
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(sorted(node.children, key=lambda n: n.slot, reverse=True))
+        return out
+
+    def pending(self) -> list[Node]:
+        """Prompt nodes whose tokens are not all written yet, parents before children."""
+        return [n for n in self.nodes() if n.written < len(n.tokens)]
+
+    def snapshot(self, max_new_tokens: int) -> Layout:
+        """The resident forest as a `Layout` over the whole capacity; its prompts are the admitted streams,
+        in pre-order (`streams` maps them back to prompt indices)."""
+        nodes = self.nodes()
+        number = {id(n): i for i, n in enumerate(nodes)}
+        segments = [Segment(number[id(n.parent)] if n.parent is not None else -1, n.depth, n.tokens, n.room,
+                            slot_start=n.slot) for n in nodes]  # fmt: skip
+        for i in range(len(nodes) - 1, -1, -1):  # pre-order interval ends
+            segments[i].end = max(segments[i].end, i + 1)
+            if segments[i].parent >= 0:
+                segments[segments[i].parent].end = max(segments[segments[i].parent].end, segments[i].end)
+        answers = [n for n in nodes if n.room]
+        layout = Layout(segments, [number[id(a.parent)] if a.parent else -1 for a in answers],
+                        [number[id(a)] for a in answers], [a.depth for a in answers], max_new_tokens, False,
+                        self.capacity)  # fmt: skip
+        layout.streams = [a.stream for a in answers]
+        _fill_ids(layout, nodes)
+        return layout
+
+    # -- internals --
+
+    def _match(self, prompt: list[int]) -> tuple[Node | None, int]:
+        """The deepest resident prompt node the prompt runs through (split where the prompt leaves it), and how
+        many of the prompt's tokens it covers."""
+        parent, pos, candidates = None, 0, self.roots
+        while pos < len(prompt):
+            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos]), None)
+            if child is None:
+                break
+            n = _common(child.tokens, prompt[pos:])
+            if n < len(child.tokens):
+                _split(child, n)
+            parent, pos, candidates = child, pos + n, child.children
+        return parent, pos
+
+    def _attach(self, node: Node) -> Node:
+        (node.parent.children if node.parent is not None else self.roots).append(node)
+        return node
+
+    def _detach(self, node: Node) -> None:
+        siblings = node.parent.children if node.parent is not None else self.roots
+        siblings.remove(node)
+        self._free(node.slot, node.end)
+
+    def _allocate(self, size: int, after: int) -> int | None:
+        for interval in self.free:
+            start = max(interval[0], after)
+            if interval[1] - start >= size:
+                if start > interval[0]:  # a piece before `after` stays free
+                    self.free.insert(self.free.index(interval), [interval[0], start])
+                interval[0] = start + size
+                self.free = [f for f in self.free if f[1] > f[0]]
+                return start
+        return None
+
+    def _free(self, start: int, end: int) -> None:
+        merged = sorted(self.free + [[start, end]])
+        self.free = []
+        for s, e in merged:
+            if self.free and self.free[-1][1] >= s:
+                self.free[-1][1] = max(self.free[-1][1], e)
+            else:
+                self.free.append([s, e])
+
+    def used(self) -> int:
+        return self.capacity - sum(e - s for s, e in self.free)
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
+def _split(node: Node, at: int) -> None:
+    """Cut `node` after its first `at` tokens; the rest becomes its only child (same slots, same users)."""
+    rest = Node(node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users,
+                max(0, node.written - at))  # fmt: skip
+    for child in rest.children:
+        child.parent = rest
+    node.tokens, node.children, node.written = node.tokens[:at], [rest], min(node.written, at)
+
+
+def _fill_ids(layout: Layout, nodes: list[Node]) -> None:
+    """slot_seg, slot_pos (capacity), seg_end and answer_slots of a snapshot; free slots see nothing (-1)."""
+    slot_seg = np.full(layout.num_slots, -1, dtype=np.int32)
+    slot_pos = np.zeros(layout.num_slots, dtype=np.int32)
+    for i, n in enumerate(nodes):
+        slot_seg[n.slot : n.end] = i
+        slot_pos[n.slot : n.end] = np.arange(n.depth, n.depth + n.length)
+    layout.slot_seg, layout.slot_pos = torch.from_numpy(slot_seg), torch.from_numpy(slot_pos)
+    layout.seg_end = torch.tensor([s.end for s in layout.segments] or [0], dtype=torch.int32)  # one, if none
+    starts = [layout.segments[a].slot_start for a in layout.answer_segs]
+    steps = torch.arange(layout.max_new_tokens)
+    layout.answer_slots = torch.tensor(starts, dtype=torch.int64)[:, None] + steps[None] if starts else None

@@ -1,0 +1,104 @@
+"""A row whose prompts come and go (`Forest`): after any admissions and releases, the snapshot's stream mask is
+exactly each resident prompt's own sequence, resident prefixes are reused, and freed room is reused."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from hf_parallel.attention.reference import stream_mask
+from hf_parallel.plan import AttentionPlan, SlotIds
+from hf_parallel.rowlayout import Forest
+
+from .test_layout import random_tree_prompts
+
+ROOM = 3
+
+
+def sequences(layout, prompts):
+    """Each resident stream's slots: its prompt's tokens along its segment chain, then its answer region."""
+    out = {}
+    for row, index in enumerate(layout.streams):
+        chain = layout.ancestors(layout.answer_segs[row])
+        slots, tokens = [], []
+        for seg_id in chain:
+            seg = layout.segments[seg_id]
+            slots += range(seg.slot_start, seg.slot_start + seg.length)
+            tokens += seg.tokens
+        assert tokens == prompts[index]  # the chain holds exactly the prompt
+        out[index] = slots
+    return out
+
+
+def check(forest: Forest, prompts):
+    layout = forest.snapshot(ROOM)
+    seqs = sequences(layout, prompts)
+    used = sorted(s for seq in seqs.values() for s in seq)
+    assert len(set(used)) == forest.used() and len(used) >= forest.used()  # shared slots, no stray region
+    want = torch.zeros(layout.num_slots, layout.num_slots, dtype=torch.bool)
+    for seq in seqs.values():
+        for i, q in enumerate(seq):
+            want[q, seq[: i + 1]] = True
+    ids = SlotIds.from_layout(layout, torch.device("cpu"))
+    got = stream_mask(AttentionPlan.for_slots(torch.arange(layout.num_slots), ids))
+    assert torch.equal(got, want)  # visibility by ancestry and causality by slot, as if each prompt were alone
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_admissions_and_releases(seed):
+    rng = random.Random(seed)
+    prompts = random_tree_prompts(rng) + random_tree_prompts(rng)
+    forest = Forest(capacity=rng.randint(12, 40))
+    waiting, resident = list(range(len(prompts))), []
+    for _ in range(40):
+        if resident and (not waiting or rng.random() < 0.4):
+            forest.release(resident.pop(rng.randrange(len(resident))))
+        elif waiting:
+            index = waiting[0]
+            if forest.admit(index, prompts[index], ROOM) is not None:
+                resident.append(waiting.pop(0))
+            elif resident:
+                forest.release(resident.pop(0))
+        forest.collect()
+        check(forest, prompts)
+
+
+def test_a_resident_document_is_reused_and_freed_room_is_taken_again():
+    doc = list(range(10, 30))
+    questions = [[40 + i, 41 + i] for i in range(4)]
+    forest = Forest(capacity=20 + 2 * (2 + ROOM))
+    assert forest.admit(0, doc + questions[0], ROOM) is not None
+    assert forest.admit(1, doc + questions[1], ROOM) is not None  # the document is not stored again
+    assert forest.used() == 20 + 2 * (2 + ROOM)
+    assert forest.admit(2, doc + questions[2], ROOM) is None  # full
+    forest.release(0)
+    forest.collect()  # stream 0's question and answer regions are free; the document stays for stream 1
+    assert forest.admit(2, doc + questions[2], ROOM) is not None  # the freed region, after the document
+    assert forest.used() == 20 + 2 * (2 + ROOM)
+    forest.release(1)
+    forest.release(2)
+    forest.collect()
+    assert forest.used() == 0 and forest.free == [[0, forest.capacity]]
+
+
+def test_a_prefix_no_stream_uses_is_reused_until_collected():
+    forest = Forest(capacity=40)
+    forest.admit(0, list(range(10, 30)) + [5], ROOM)
+    forest.release(0)  # the document has no user now, but stays until `collect`
+    forest.admit(1, list(range(10, 30)) + [6, 7], ROOM)
+    forest.collect()
+    assert forest.used() == 20 + 2 + ROOM  # the document once, stream 1's own tokens and answer
+
+
+def test_new_regions_come_after_their_ancestors():
+    """A freed region before the document cannot hold its question: causality is by slot."""
+    forest = Forest(capacity=30)
+    forest.admit(0, [1, 2, 3], ROOM)  # slots 0..5
+    forest.admit(1, list(range(10, 20)), ROOM)  # the document: slots 6..18
+    forest.release(0)
+    forest.collect()  # 0..5 free, before the document
+    forest.admit(2, list(range(10, 20)) + [7, 8], 2)  # needs 4 slots after slot 16: none there but 19..22
+    check(forest, {1: list(range(10, 20)), 2: list(range(10, 20)) + [7, 8]} | {0: [1, 2, 3]})
+    assert forest.answers[2].slot > 16

@@ -1,0 +1,135 @@
+"""Work past one row's memory: a budget that holds a fraction of the workload changes no answer, with continuous
+refill or static waves, on the reference and Triton paths and for recurrent layers; answers stream as they
+finish; nothing of a call outlives it."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from hf_parallel import Session, generate_tokens, stream_tokens
+from hf_parallel.budget import parse_memory, row_budget
+from hf_parallel.layout import build_layout
+from hf_parallel.support import Support, check_support
+
+from .conftest import generate_alone, random_tokens, tiny_model
+
+NEW, CHUNK = 10, 16
+
+
+def max_memory_for(model, capacity: int) -> int:
+    """The smallest max_memory whose row holds `capacity` slots (bisection over the budget's own arithmetic)."""
+    support, lo, hi = check_support(model), 1, 1 << 40
+    while lo < hi:
+        mid = (lo + hi) // 2
+        try:
+            fits = row_budget(model, support, CHUNK, mid).capacity >= capacity
+        except ValueError:
+            fits = False
+        lo, hi = (lo, mid) if fits else (mid + 1, hi)
+    return lo
+
+
+def corpus(seed: int, docs: int = 5, questions: int = 6):
+    gen = torch.Generator().manual_seed(seed)
+    documents = [random_tokens(20, gen) for _ in range(docs)]
+    return [d + random_tokens(1 + (i * 3) % 5, gen) for d in documents for i in range(questions)]
+
+
+def expected(model, prompts, eos):
+    return [generate_alone(model, p, NEW, eos) for p in prompts]
+
+
+@pytest.mark.parametrize("refill", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "gpt_oss"])
+def test_a_budget_of_a_quarter_of_the_work_changes_no_answer(arch, refill):
+    model = tiny_model(arch)
+    prompts = corpus(0)
+    free = [generate_alone(model, p, NEW) for p in prompts]
+    eos = sorted({free[0][2], free[7][5], free[13][1], free[20][8]})  # streams stop at many different steps
+    capacity = 80
+    assert build_layout(prompts, NEW).num_slots >= 4 * capacity  # at least four rows' worth
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
+                          max_memory=max_memory_for(model, capacity), refill=refill)  # fmt: skip
+    assert got == expected(model, prompts, eos)
+
+
+def test_triton_path_with_refill():
+    model = tiny_model("qwen2")
+    prompts = corpus(1, docs=3, questions=4)
+    eos = [generate_alone(model, prompts[1], NEW)[3]]
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",
+                          max_memory=max_memory_for(model, 60))  # fmt: skip
+    assert got == expected(model, prompts, eos)
+
+
+def test_recurrent_layers_run_in_waves():
+    model = tiny_model("qwen3_5_text")
+    prompts = corpus(2, docs=4, questions=3)
+    eos = [generate_alone(model, prompts[0], NEW)[4]]
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
+                          max_memory=max_memory_for(model, 70))  # fmt: skip
+    assert got == expected(model, prompts, eos)
+
+
+def test_answers_stream_as_they_finish(llama):
+    prompts = corpus(3, docs=3, questions=4)
+    free = [generate_alone(llama, p, NEW) for p in prompts]
+    eos = [free[5][1], free[9][6]]
+    streamed = list(stream_tokens(llama, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
+                                  max_memory=max_memory_for(llama, 60)))  # fmt: skip
+    assert sorted(i for i, _ in streamed) == list(range(len(prompts)))
+    assert dict(streamed) == dict(enumerate(expected(llama, prompts, eos)))
+    lengths = [len(tokens) for _, tokens in streamed]
+    assert lengths != sorted(lengths, reverse=True) or len(set(lengths)) > 1  # finished ones came first
+
+
+def test_a_prompt_larger_than_the_budget_names_what_fits(llama):
+    prompts = [random_tokens(150, torch.Generator().manual_seed(4))]
+    with pytest.raises(ValueError, match=r"prompt 0 needs 160 slots .* holds \d+ tokens of K/V"):
+        generate_tokens(llama, prompts, max_new_tokens=NEW, prefill_chunk=CHUNK, max_memory=max_memory_for(llama, 100))
+
+
+@pytest.mark.parametrize("value, error, match", [
+    ("lots", ValueError, "is not a size"), (-5, ValueError, "must be positive"), (2.5, TypeError, "max_memory must be"),
+])  # fmt: skip
+def test_bad_max_memory_is_named(llama, value, error, match):
+    with pytest.raises(error, match=match):
+        generate_tokens(llama, [[3, 4]], max_new_tokens=2, max_memory=value)
+
+
+def test_memory_sizes_parse():
+    assert parse_memory("40GiB") == 40 * 2**30 and parse_memory("500 MB") == 500 * 10**6 and parse_memory(7) == 7
+
+
+def test_nothing_of_a_call_outlives_it(llama, monkeypatch):
+    """No reference cycle keeps a call's cache (or anything holding it) alive: it goes with the call, no gc."""
+    caches, build = [], Support.cache
+
+    def watched(self, num_slots):
+        cache = build(self, num_slots)
+        caches.append(weakref.ref(cache))
+        return cache
+
+    monkeypatch.setattr(Support, "cache", watched)
+    prompts = corpus(5, docs=2, questions=3)
+    gc.collect()
+    gc.disable()
+    try:
+        generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[])
+        generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[], max_memory=max_memory_for(llama, 50),
+                        prefill_chunk=CHUNK)  # fmt: skip
+        assert caches and all(ref() is None for ref in caches)
+    finally:
+        gc.enable()
+
+
+def test_a_session_keeps_nothing_off_cuda_and_releases(llama):
+    with Session(llama) as session:
+        assert session.generate_tokens([[3, 4, 5]], max_new_tokens=3, eos_token_id=[]) == [
+            generate_alone(llama, [3, 4, 5], 3)
+        ]
+        assert session.row is None  # rows are kept for captured steps, on CUDA only
