@@ -1,8 +1,8 @@
 """Every decoder-only causal LM of the installed transformers, as a tiny random model: fp32 greedy answers
 token-identical to plain `model.generate` on each prompt alone, or a refusal naming one of `REASONS` before any work.
 
-CI runs a fixed sample across kinds of model; `pytest --full-sweep` runs every type (about two minutes on a CPU), and
-`eval/model_coverage.py` writes the table of outcomes to docs/models.md.
+CI runs a fixed sample across kinds of model; `pytest --full-sweep` runs every type (under a minute on two idle CPU
+cores), and `eval/model_coverage.py` writes the table of outcomes to docs/models.md.
 """
 
 from __future__ import annotations
