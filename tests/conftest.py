@@ -126,3 +126,8 @@ def generate_alone(model, prompt: list[int], max_new_tokens: int, eos=None) -> l
 
 if os.environ.get("HF_HUB_OFFLINE") is None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub
+
+
+def pytest_addoption(parser):
+    text = "tests/test_model_coverage.py: every causal LM type of the installed transformers, not the CI sample"
+    parser.addoption("--full-sweep", action="store_true", help=text)
