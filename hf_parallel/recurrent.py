@@ -26,10 +26,16 @@ import torch
 from torch import nn
 from transformers.cache_utils import LinearAttentionLayer
 
-MIXER_SUFFIXES = ("GatedDeltaNet", "Mixer", "ShortConv", "LightningAttention")
-# mixers whose multi-token path ignores a start state (Jamba's selective scan starts from zeros): a segment that
-# continues from a state runs token by token through the single-token path instead
-TOKEN_BY_TOKEN = ("JambaMambaMixer",)
+MAX_STATES = 4  # conv or recurrent states one mixer may keep (most keep one)
+MIXER_SUFFIXES = (
+    "GatedDeltaNet",
+    "DeltaAttention",
+    "Mixer",
+    "MambaLayer",
+    "ShortConv",
+    "ShortConvolution",
+    "LightningAttention",
+)
 
 
 def is_mixer(module: nn.Module) -> bool:
@@ -73,7 +79,7 @@ class StateLayer(LinearAttentionLayer):
     """
 
     def __init__(self):
-        super().__init__()
+        super().__init__(number_of_states=MAX_STATES)
         self.segments: dict[int, State] = {}
         self.pool: State | None = None
 
@@ -119,10 +125,12 @@ class SegmentRuns:
 class SegmentedMixer(nn.Module):
     """Stands in for one recurrent mixer during a call: one start state per segment run (module docstring)."""
 
-    def __init__(self, mixer: nn.Module):
+    def __init__(self, mixer: nn.Module, token_by_token: bool = False):
+        """token_by_token: the mixer's multi-token path ignores a start state (Jamba's selective scan starts
+        from zeros, whatever the cache holds): a segment that continues from a state then runs a token at a
+        time, through the single-token path (the support probe finds out)."""
         super().__init__()
-        self.mixer, self.layer_idx = mixer, mixer.layer_idx
-        self.token_by_token = type(mixer).__name__ in TOKEN_BY_TOKEN
+        self.mixer, self.layer_idx, self.token_by_token = mixer, mixer.layer_idx, token_by_token
 
     def forward(self, *args, **kwargs):
         if "hidden_states" in kwargs:

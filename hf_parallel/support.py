@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache
 
 from .attention import AttentionBackend, use_attention
 from .attention.reference import ReferenceBackend
@@ -35,6 +35,11 @@ REASONS = {
     "chunked": "uses chunked attention (attention_chunk_size), which hf_parallel lacks",
     "interface": "does not route the attention of every layer through transformers' AttentionInterface",
     "probe": "failed hf_parallel's probe forward",
+    "mask": "passes an attention mask of its own to its attention function, where the stream mask must rule",
+    "window": "keeps a sliding window its attention function is not told of",
+    "leak": "lets one prompt change another's logits in a packed row (a state kept outside the cache)",
+    "state": "gives a prompt prefilled in chunks other logits than prefilled whole (a recurrent state hf_parallel "
+    "cannot carry)",
 }
 
 
@@ -48,6 +53,8 @@ class Support:
     cache_class: the PackedCache to build (mixed with the model's own Cache subclass, if it defines one).
     slot_bytes:  cache bytes of one slot (K and V of every attention layer), measured by the probe.
     stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers), measured by the probe.
+    token_by_token: the mixers' multi-token path ignores a start state (Jamba's, Zamba's scan starts from
+                 zeros): a segment continuing from a state runs a token at a time.
     """
 
     kinds: list[str]
@@ -56,6 +63,7 @@ class Support:
     cache_class: type = PackedCache
     slot_bytes: int = 0
     stream_bytes: int = 0
+    token_by_token: bool = False
 
     @property
     def recurrent(self) -> bool:
@@ -110,8 +118,66 @@ def _probe(model: PreTrainedModel) -> Support:
     bypassed = recorder.bypassed()
     if not recorder.modules or bypassed:
         raise refuse(model, "interface", f" (layers {bypassed} wrote K/V without it)")
+    if recorder.masked:
+        raise refuse(model, "mask")
+    unwindowed = sorted(_windowed_layers(model) - recorder.windowed)
+    if unwindowed:
+        raise refuse(model, "window", f" (layers {unwindowed})")
     support.plan_hooks = sorted({names[m] for m, has_plan in recorder.modules if not has_plan})
+    try:
+        _check_isolation(model, support)
+    except NotImplementedError:
+        raise
+    except Exception as err:  # noqa: BLE001 - as above: the model's own code failed on the packed row
+        raise refuse(model, "probe", f" ({type(err).__name__}: {err})") from err
     return support
+
+
+def _windowed_layers(model: PreTrainedModel) -> set[int]:
+    """Layers transformers' own cache gives a sliding window for this config (empty where it builds none)."""
+    try:
+        cache = DynamicCache(config=model.config.get_text_config())
+    except Exception:  # noqa: BLE001 - a config the generic cache cannot read: nothing to compare against
+        return set()
+    return {i for i, layer in enumerate(cache.layers) if "Sliding" in type(layer).__name__}
+
+
+def _check_isolation(model: PreTrainedModel, support: Support) -> None:
+    """What the plan cannot show: a prompt's logits alone equal its logits packed after another prompt and beside
+    a prompt sharing its start, and, with recurrent layers, prefilled in two chunks equal prefilled whole."""
+    vocab = model.config.get_text_config().vocab_size
+    one, other = [t % vocab for t in (5, 9, 7, 3, 8, 6)], [t % vocab for t in (4, 2, 9)]
+    # a reordered sum's rounding: about 1e-6 of the logits in fp32, 1e-2 in 16 bits; a leak or a lost state moves
+    # them by a tenth or more
+    tolerance = 1e-3 if model.dtype == torch.float32 else 5e-2
+    branch = one[:3] + other  # shares `one`'s first three tokens: a tree of two prompts
+    alone = _prompt_logits(model, support, [one], 6)[0]
+    if support.recurrent and not _close(_prompt_logits(model, support, [one], 3)[0], alone, tolerance):
+        support.token_by_token = True
+        if not _close(_prompt_logits(model, support, [one], 3)[0], alone, tolerance):
+            raise refuse(model, "state")
+    if not _close(_prompt_logits(model, support, [other, one], 9)[1], alone, tolerance):
+        raise refuse(model, "leak")
+    packed = _prompt_logits(model, support, [one, branch], 9)
+    if not (_close(packed[0], alone, tolerance) and _close(packed[1], _prompt_logits(model, support, [branch], 6)[0],
+                                                            tolerance)):  # fmt: skip
+        raise refuse(model, "leak")
+
+
+def _prompt_logits(model: PreTrainedModel, support: Support, prompts: list[list[int]], chunk: int) -> torch.Tensor:
+    from .layout import build_layout
+    from .options import GenerationOptions
+    from .runner import Runner
+
+    backend = ReferenceBackend()
+    opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False, prefill_chunk=chunk)
+    runner = Runner(model, build_layout(prompts, 1), opts, backend, support)
+    with torch.inference_mode(), use_model(model, backend, support):
+        return runner.prefill().float()
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> bool:
+    return bool(((got - want).abs().max() <= tolerance * want.abs().max().clamp(min=1.0)).item())
 
 
 class _Recorder(AttentionBackend):
@@ -122,6 +188,8 @@ class _Recorder(AttentionBackend):
     def __init__(self):
         self.modules: list[tuple[nn.Module, bool]] = []  # (attention module, plan received), call by call
         self.events: list[int | None] = []  # the layer index of each K/V write, None for each attention call
+        self.masked = False  # some call was handed an attention mask of the model's own
+        self.windowed: set[int] = set()  # layer indices whose calls were told a sliding window
 
     def bypassed(self) -> list[int]:
         """Layers whose K/V write no attention call followed before the next write (a layer may write under
@@ -131,6 +199,9 @@ class _Recorder(AttentionBackend):
     def attention(self, module, query, key, value, attention_mask, *args, pp_plan=None, **kwargs):
         self.events.append(None)
         self.modules.append((module, pp_plan is not None))
+        self.masked |= attention_mask is not None
+        if kwargs.get("sliding_window") is not None:
+            self.windowed.add(getattr(module, "layer_idx", -1))
         if pp_plan is None:  # keep the forward going: the verdict comes from the record
             return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
         return ReferenceBackend.attention(module, query, key, value, None, *args, pp_plan=pp_plan, **kwargs)
@@ -184,7 +255,7 @@ def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Suppor
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         swapped.append((parent, attr, getattr(parent, attr)))
-        setattr(parent, attr, SegmentedMixer(getattr(parent, attr)))
+        setattr(parent, attr, SegmentedMixer(getattr(parent, attr), support.token_by_token))
     try:
         with use_attention(model, backend):
             yield
@@ -197,7 +268,7 @@ def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Suppor
 
 def _inject_plan(module, args, kwargs):
     if kwargs.get("pp_plan") is None:
-        cache = next((v for v in kwargs.values() if isinstance(v, PackedCache)), None)
+        cache = next((v for v in (*kwargs.values(), *args) if isinstance(v, PackedCache)), None)
         if cache is not None:
             kwargs["pp_plan"] = cache.plan
     return args, kwargs

@@ -21,18 +21,7 @@ from .model_zoo import SKIPS, CausalLM, build
 
 NEW = 6
 # Failures that look like bugs in hf_parallel, not refusals: expected to fail until fixed (model type -> why).
-KNOWN_BUGS: dict[str, str] = {
-    "dbrx": "use_attention cannot restore a sub-config whose attention implementation is None (attn_config), "
-    "so the probe fails",
-    "moshi": "use_attention cannot restore a sub-config whose attention implementation is None "
-    "(audio_encoder_config); past that, its sliding window lives only in the cache and is ignored",
-    "doge": "the model passes its own (dynamic) attention mask: the probe accepts it, then generation raises "
-    "ValueError instead of refusing",
-    "recurrent_gemma": "its recurrent block keeps its state on the module (rg_lru.recurrent_states, conv1d_state), "
-    "not in the cache: the probe finds no mixer, so streams share one state and answers go wrong",
-    "zamba": "ZambaMambaMixer's multi-token path ignores the start state (as Jamba's does), but is not run token "
-    "by token: a segment continuing from a state gets wrong tokens",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,11 @@ SAMPLE = {
     "falcon": "refused by the probe: legacy attention",
     "llama4_text": "refused: chunked attention",
     "git": "refused: attention outside the AttentionInterface",
+    "dbrx": "sub-configs without an attention implementation of their own, restored as they were",
+    "zamba": "a mixer whose multi-token path drops its start state: found by the probe, run a token at a time",
+    "doge": "refused: passes an attention mask of its own",
+    "moshi": "refused: a sliding window kept in its cache only",
+    "recurrent_gemma": "refused: a recurrent state kept on the module, which would leak between prompts",
     **dict.fromkeys(KNOWN_BUGS, "a known bug, expected to fail"),
 }
 

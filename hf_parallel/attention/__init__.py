@@ -64,5 +64,5 @@ def _implementations(config) -> str | dict:
     """The attention implementation of `config` and of each sub-config, as `set_attn_implementation` takes them
     back (a composite model's sub-models may use different ones)."""
     subs = {key: getattr(config, key) for key in getattr(config, "sub_configs", {})}
-    own = {key: sub._attn_implementation for key, sub in subs.items() if sub is not None}
+    own = {key: sub._attn_implementation for key, sub in subs.items() if sub is not None and sub._attn_implementation}
     return {"": config._attn_implementation, **own} if own else config._attn_implementation
