@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions
+from hf_parallel import GenerationOptions, Session
 from hf_parallel.attention import resolve_backend
 from hf_parallel.attention.triton import TritonBackend
 from hf_parallel.layout import build_layout
@@ -117,17 +117,23 @@ def timed(fn) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bool = False) -> list[list[int]]:
-    """`generate_tokens` through its Runner, so the benchmark's ablations (the layout, the backend) can be set."""
+def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bool = False,
+             session: Session | None = None) -> list[list[int]]:  # fmt: skip
+    """`generate_tokens` through its Runner, so the benchmark's ablations (the layout, the backend) can be set;
+    a `Session` keeps the row (and its captured steps) between the warm-up and the timed runs."""
     opts = GenerationOptions.resolve(model, max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192,
                                      **options)  # fmt: skip
     layout = build_layout(prompts, max_new_tokens, interleaved)
-    return Runner(model, layout, opts, resolve_backend(opts.attn, model.device)).run()
+    return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), session=session).run()
+
+
+SESSIONS: dict = {}  # model -> its Session: one row kept between a method's runs, released by free_memory
 
 
 def run_pp(model, prompts, work: Workload, method: tuple[dict, bool], repeats: int = 2) -> dict:
     options, interleaved = method
-    run = lambda n: generate(model, prompts, n, options, interleaved)  # noqa: E731
+    session = SESSIONS.setdefault(id(model), Session(model))
+    run = lambda n: generate(model, prompts, n, options, interleaved, session)  # noqa: E731
     warmup_s, _ = timed(lambda: run(work.answer_tokens))  # kernels, graph capture (and compilation) at full size
     prefill_s = min(timed(lambda: run(1))[0] for _ in range(repeats))
     runs = [timed(lambda: run(work.answer_tokens)) for _ in range(repeats)]
@@ -289,7 +295,9 @@ def generate_chunk_static(model, doc_cache, prompts, doc_len: int, new_tokens: i
 
 def free_memory(model) -> None:
     """Drop the previous run's static row and cached blocks, so every run starts from the same memory."""
-    model._hf_parallel_row = None
+    session = SESSIONS.pop(id(model), None)
+    if session is not None:
+        session.release()
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
 

@@ -61,6 +61,7 @@ class Forest:
         self.roots: list[Node] = []
         self.free: list[list[int]] = [[0, capacity]]  # sorted, disjoint [start, end)
         self.answers: dict[int, Node] = {}  # prompt index -> its answer region
+        self.unwritten: list[Node] = []  # prompt nodes with tokens not yet written, parents before children
 
     def admit(self, index: int, prompt: list[int], room: int) -> Node | None:
         """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits."""
@@ -71,6 +72,7 @@ class Forest:
             return None
         if new:
             parent = self._attach(Node(new, parent, matched, start))
+            self.unwritten.append(parent)
         answer = self._attach(Node([], parent, len(prompt), start + len(new), room, stream=index))
         node = answer
         while node is not None:
@@ -103,7 +105,8 @@ class Forest:
 
     def pending(self) -> list[Node]:
         """Prompt nodes whose tokens are not all written yet, parents before children."""
-        return [n for n in self.nodes() if n.written < len(n.tokens)]
+        self.unwritten = [n for n in self.unwritten if n.written < len(n.tokens) and n.users > 0]
+        return self.unwritten
 
     def snapshot(self, max_new_tokens: int) -> Layout:
         """The resident forest as a `Layout` over the whole capacity; its prompts are the admitted streams,
@@ -136,7 +139,10 @@ class Forest:
                 break
             n = _common(child.tokens, prompt[pos:])
             if n < len(child.tokens):
-                _split(child, n)
+                rest = _split(child, n)
+                if rest.written < len(rest.tokens):  # right after its parent: parents come first
+                    at = next((i for i, u in enumerate(self.unwritten) if u is child), len(self.unwritten) - 1)
+                    self.unwritten.insert(at + 1, rest)
             parent, pos, candidates = child, pos + n, child.children
         return parent, pos
 
@@ -179,13 +185,14 @@ def _common(a: list[int], b: list[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _split(node: Node, at: int) -> None:
+def _split(node: Node, at: int) -> Node:
     """Cut `node` after its first `at` tokens; the rest becomes its only child (same slots, same users)."""
     rest = Node(node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users,
                 max(0, node.written - at))  # fmt: skip
     for child in rest.children:
         child.parent = rest
     node.tokens, node.children, node.written = node.tokens[:at], [rest], min(node.written, at)
+    return rest
 
 
 def _fill_ids(layout: Layout, nodes: list[Node]) -> None:

@@ -1,0 +1,152 @@
+"""Corpus-scale benchmark: work past one row's memory, continuous refill against static waves.
+
+Random bf16 weights with a real model's shape (timing does not depend on weight values).
+Documents are slices of War and Peace; every question has the same number of tokens and
+ends with a token that codes its answer length, drawn once per question from a seeded
+distribution between 16 and 512 tokens; `ForcedLength` forces EOS there, so every method
+decodes exactly the same tokens per stream.
+
+    fits     a workload of the same documents and questions that fits one row
+    refill   the large workload with continuous refill (the default)
+    waves    the large workload admitted only into an empty row (static waves)
+    large    one 8k document with 4,096 questions of 256 tokens, then, in the same process,
+             8k x 128 questions x 1,024 tokens (each run alone would need more than the GPU holds,
+             or just under it after the first)
+
+    python eval/corpus_bench.py --model codellama-7b --out results/corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import LogitsProcessor
+
+import hf_parallel
+from hf_parallel.attention import resolve_backend
+from hf_parallel.budget import row_budget
+from hf_parallel.layout import build_layout
+from hf_parallel.support import check_support
+
+BOOK = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "war-and-peace.txt.gz"
+LENGTH_BASE = 1000  # the question's last token is LENGTH_BASE + its answer length
+SHAPES = {
+    "codellama-7b": lambda: transformers.LlamaConfig(
+        vocab_size=32016, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, max_position_embeddings=16384 + 4096, rope_theta=1e6),
+    "qwen2.5-7b": lambda: transformers.Qwen2Config(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6),
+    "tiny": lambda: transformers.LlamaConfig(
+        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=16384),
+}  # fmt: skip
+
+
+class ForcedLength(LogitsProcessor):
+    """EOS exactly at each stream's coded answer length (prompts all of length `prompt_len`)."""
+
+    def __init__(self, prompt_len: int, eos: int):
+        self.prompt_len, self.eos = prompt_len, eos
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        target = input_ids[:, self.prompt_len - 1] - LENGTH_BASE
+        done = input_ids.shape[1] - self.prompt_len + 1 >= target  # the token chosen now is the stream's last
+        scores[:, self.eos] = torch.where(done, scores.max(dim=-1).values + 1, float("-inf"))
+        return scores
+
+
+def workload(book: list[int], docs: int, doc_len: int, questions: int, lengths, seed: int, vocab: int):
+    """Prompts of `docs` documents x `questions` questions (6 tokens each, the last coding its answer's length)."""
+    rng = random.Random(seed)
+    prompts, targets = [], []
+    for _ in range(docs):
+        start = rng.randrange(len(book) - doc_len)
+        doc = [t % vocab for t in book[start : start + doc_len]]
+        for _ in range(questions):
+            length = lengths(rng)
+            prompts.append(doc + [rng.randrange(3, LENGTH_BASE) for _ in range(5)] + [LENGTH_BASE + length])
+            targets.append(length)
+    return prompts, targets
+
+
+def run(model, prompts, targets, session, **options) -> dict:
+    eos = 2
+    processor = ForcedLength(len(prompts[0]), eos)
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+    start = time.perf_counter()
+    out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=eos, do_sample=False,
+                                      logits_processor=[processor], session=session, **options)  # fmt: skip
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    seconds = time.perf_counter() - start
+    assert [len(a) for a in out] == targets, "every stream must stop at its coded length"
+    tokens = sum(targets)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_gib": peak,
+            "streams": len(prompts), "slots_needed": build_layout(prompts, max(targets)).num_slots}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
+    parser.add_argument("--book", type=Path, default=BOOK)
+    parser.add_argument("--doc", type=int, default=4096, help="document tokens")
+    parser.add_argument("--questions", type=int, default=128, help="questions per document")
+    parser.add_argument("--fit-docs", type=int, default=2)
+    parser.add_argument("--large-docs", type=int, default=16)
+    parser.add_argument("--max-memory", help="memory budget (default: the GPU's free memory)")
+    parser.add_argument("--parts", default="fits,refill,waves,large", help="comma list of the runs")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(
+            SHAPES[args.model](), dtype=torch.bfloat16 if device.type == "cuda" else torch.float32
+        ).eval()
+    vocab = model.config.vocab_size
+    book = [hash(w) % (vocab - 3) + 3 for w in gzip.open(args.book, "rt", encoding="utf-8-sig").read().split()]
+    support = check_support(model)
+    budget = row_budget(model, support, resolve_backend("auto", device).prefill_chunk, args.max_memory)
+    report = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+              "budget_slots": budget.capacity, "budget_streams": budget.streams, "slot_bytes": support.slot_bytes,
+              "runs": {}}  # fmt: skip
+    print(json.dumps({k: v for k, v in report.items() if k != "runs"}), flush=True)
+    variable = lambda rng: rng.randint(16, 512)  # noqa: E731
+    parts = args.parts.split(",")
+    session = hf_parallel.Session(model)
+    common = dict(max_memory=args.max_memory)
+    if "fits" in parts:
+        prompts, targets = workload(book, args.fit_docs, args.doc, args.questions, variable, 1, vocab)
+        run(model, prompts[:64], targets[:64], session, **common)  # warm-up: kernels and captured steps
+        report["runs"]["fits"] = run(model, prompts, targets, session, **common)
+        print("fits", report["runs"]["fits"], flush=True)
+    prompts, targets = workload(book, args.large_docs, args.doc, args.questions, variable, 2, vocab)
+    for name, refill in (("refill", True), ("waves", False)):
+        if name in parts:
+            report["runs"][name] = run(model, prompts, targets, session, refill=refill, **common)
+            print(name, report["runs"][name], flush=True)
+    if "large" in parts:
+        fixed = lambda n: lambda rng: n  # noqa: E731
+        prompts, targets = workload(book, 1, 8192, 4096, fixed(256), 3, vocab)
+        report["runs"]["8k x 4096q x 256a"] = run(model, prompts, targets, session, **common)
+        print("8k x 4096q x 256a", report["runs"]["8k x 4096q x 256a"], flush=True)
+        prompts, targets = workload(book, 1, 8192, 128, fixed(1024), 4, vocab)
+        report["runs"]["8k x 128q x 1024a after"] = run(model, prompts, targets, session, **common)
+        print("8k x 128q x 1024a after", report["runs"]["8k x 128q x 1024a after"], flush=True)
+    session.release()
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"corpus-{args.model}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
