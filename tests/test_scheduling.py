@@ -58,7 +58,7 @@ def test_a_budget_of_a_quarter_of_the_work_changes_no_answer(arch, refill):
 
 
 def test_triton_path_with_refill():
-    model = tiny_model("qwen2")
+    model = tiny_model("qwen2").to("cuda" if torch.cuda.is_available() else "cpu")
     prompts = corpus(1, docs=3, questions=4)
     eos = [generate_alone(model, prompts[1], NEW)[3]]
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",

@@ -231,6 +231,7 @@ def test_static_plan_refills_for_the_live_streams():
     layout = doc_questions(6, seed=11)
     row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
     static = TritonBackend().static_plan(row, bucket=8)
+    assert static.bucket == 8  # what a captured step is sized by
     for live, steps in [(list(range(6)), (0, 3)), ([1, 4, 5], (4, 8)), ([2], (8,))]:
         live = live + live[-1:] * (8 - len(live))  # the bucket's padding rows repeat the last live row
         static.update(row, layout.answer_slots[live, steps[0]].to(DEVICE))

@@ -36,7 +36,7 @@ class TritonStaticPlan:
     """A captured step's tile plan in buffers sized for `bucket` queries, refilled when streams leave."""
 
     def __init__(self, backend: TritonBackend, row: Row, bucket: int):
-        self.streams_per_tile = backend.streams_per_tile
+        self.bucket, self.streams_per_tile = bucket, backend.streams_per_tile
         self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
                                        device=row.device)  # fmt: skip
 
