@@ -14,6 +14,7 @@ A captured step holds its graph, its static buffers and the attention backend's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,7 +89,7 @@ class DecodeGraphs:
         def run():
             return forward(plan.plan(row, slots), static_tokens, keep)
 
-        side = torch.cuda.Stream(device)
+        side = _side_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up (allocator, autotuning) off the capture stream
             run()
@@ -96,6 +97,12 @@ class DecodeGraphs:
         with torch.cuda.graph(cap.graph, pool=self.pool):
             cap.logits = run()
         return cap
+
+
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream captures warm up on: one per device, since cuBLAS keeps a workspace for every stream it meets."""
+    return torch.cuda.Stream(device)
 
 
 ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share captured graphs
