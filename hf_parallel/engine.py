@@ -19,7 +19,6 @@ from collections.abc import Iterator
 import torch
 
 from .budget import RowBudget, size
-from .graphs import bucket
 from .options import GenerationOptions
 from .plan import Row, SlotIds
 from .processing import Processing
@@ -42,7 +41,6 @@ class Cohort:
         self.sampler = sampler
         self.out = torch.empty(len(streams), room, dtype=torch.long, device=device)
         self.last: torch.Tensor | None = None
-        self.finished = [False] * len(streams)  # answered, still fed (unrecorded) until the rows are dropped
 
     def choose(self, logits: torch.Tensor, room: int) -> torch.Tensor:
         """Each row's next token from its logits [n, V]; [n] bool, which rows stop with it."""
@@ -59,7 +57,6 @@ class Cohort:
 
     def drop(self, keep: torch.Tensor, keep_list: list[bool]) -> None:
         self.streams = [s for s, k in zip(self.streams, keep_list) if k]
-        self.finished = [f for f, k in zip(self.finished, keep_list) if k]
         self.starts, self.out, self.last = self.starts[keep], self.out[keep], self.last[keep]
         self.processing.keep(keep)
 
@@ -119,11 +116,10 @@ class RefillEngine:
                              f"the memory budget holds {self.budget.capacity} tokens of K/V "
                              f"({size(self.budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
 
-    def _refill_due(self, free_streams: int, freed_slots_rows: int = 0) -> bool:
-        """Enough room is free (or about to be, from `freed_slots_rows` finished rows) to refill."""
+    def _refill_due(self, free_streams: int) -> bool:
         if not self.refill:
             return False
-        free_slots = self.budget.capacity - self.forest.used() + freed_slots_rows * self.room
+        free_slots = self.budget.capacity - self.forest.used()
         capacity, streams = self.budget.capacity, self.budget.streams
         return free_streams * REFILL_FRACTION >= streams or free_slots * REFILL_FRACTION >= capacity
 
@@ -204,38 +200,19 @@ class RefillEngine:
         for cohort in live:
             flags = done[at : at + len(cohort.streams)]
             at += len(flags)
-            new = [f and not old for f, old in zip(flags, cohort.finished)]
-            if any(new):
-                yield from self._answers(cohort, new)
-        if self._drop_due():
-            self._drop()
-
-    def _answers(self, cohort: Cohort, new: list[bool]) -> Iterator[tuple[int, list[int]]]:
-        """The newly finished streams' tokens.  Their rows stay (fed on, not recorded, in their own answer
-        regions, which a row's `room` steps never pass) until `_drop`, so the captured step's plan is rewritten
-        once per bucket or refill, as a single row's decode does."""
-        rows = [i for i, f in enumerate(new) if f]
-        for row, tokens in zip(rows, cohort.out[rows, : cohort.step].tolist()):
-            cohort.finished[row] = True
-            yield cohort.streams[row], tokens
-
-    def _drop_due(self) -> bool:
-        rows = sum(len(c.streams) for c in self.cohorts)
-        running = rows - sum(sum(c.finished) for c in self.cohorts)
-        if running < rows and (running <= bucket(rows) // 2 or not self.runner.captured_steps):
-            return True  # eager steps drop at once; captured ones when the next smaller bucket fits
-        return running < rows and bool(self.waiting) and self._refill_due(self.budget.streams - running, rows - running)
-
-    def _drop(self) -> None:
-        """Release the finished streams' rows: their room goes back to the row for waiting prompts."""
-        for cohort in self.cohorts:
-            if any(cohort.finished):
-                for index, finished in zip(cohort.streams, cohort.finished):
-                    if finished:
-                        self.forest.release(index)
-                keep = [not f for f in cohort.finished]
-                cohort.drop(torch.tensor(keep, device=self.runner.device), keep)
+            if any(flags):
+                yield from self._finish(cohort, flags)
         self.cohorts = [c for c in self.cohorts if c.streams]
+
+    def _finish(self, cohort: Cohort, flags: list[bool]) -> Iterator[tuple[int, list[int]]]:
+        rows = [i for i, f in enumerate(flags) if f]
+        answers = cohort.out[rows, : cohort.step].tolist()
+        for row, tokens in zip(rows, answers):
+            index = cohort.streams[row]
+            self.forest.release(index)
+            yield index, tokens
+        keep = [not f for f in flags]
+        cohort.drop(torch.tensor(keep, device=self.runner.device), keep)
         self.live_changed = True
 
 

@@ -75,19 +75,6 @@ def test_recurrent_layers_run_in_waves():
     assert got == expected(model, prompts, eos)
 
 
-def test_finished_rows_fed_on_until_the_bucket_shrinks(llama, monkeypatch):
-    """The captured-step policy (finished streams decode on, unrecorded, in their own regions until the live ones
-    fit a smaller bucket or their room is wanted) run through eager steps on the CPU: still each prompt's own."""
-    monkeypatch.setattr("hf_parallel.runner.Runner.captured_steps", property(lambda self: True))
-    prompts = corpus(6, docs=4, questions=5)
-    free = [generate_alone(llama, p, NEW) for p in prompts]
-    eos = sorted({free[i][i % NEW] for i in range(0, len(prompts), 3)})
-    for refill in (True, False):
-        got = generate_tokens(llama, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
-                              max_memory=max_memory_for(llama, 70), refill=refill)  # fmt: skip
-        assert got == expected(llama, prompts, eos)
-
-
 def test_answers_stream_as_they_finish(llama):
     prompts = corpus(3, docs=3, questions=4)
     free = [generate_alone(llama, p, NEW) for p in prompts]
