@@ -138,14 +138,14 @@ class RefillEngine:
         slots = [c.slots() for c in decode]
         tokens = [c.last for c in decode]
         n_decode = sum(len(c.streams) for c in decode)
-        extra_slots, extra_tokens, self.start_rows = self._prompt_tokens()
+        extra_slots, extra_tokens, start_rows = self._prompt_tokens()
         if not extra_slots and not self.changed:  # only decode tokens: the captured step, as a row's decode
             changed, self.live_changed = self.live_changed, False
             return runner.step(torch.cat(slots), torch.cat(tokens), changed)
         slots.append(torch.tensor(extra_slots, dtype=torch.long, device=device))
         tokens.append(torch.tensor(extra_tokens, dtype=torch.long, device=device))
         keep = torch.cat([torch.arange(n_decode, device=device),
-                          n_decode + torch.tensor(self.start_rows, dtype=torch.long, device=device)])  # fmt: skip
+                          n_decode + torch.tensor(start_rows, dtype=torch.long, device=device)])  # fmt: skip
         self.changed, self.live_changed = False, True  # the next captured step must refresh its plan
         return runner.forward(runner.plan(torch.cat(slots)), torch.cat(tokens), keep)
 

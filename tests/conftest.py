@@ -112,6 +112,16 @@ def smollm2():
         pytest.skip(str(err))
 
 
+@pytest.fixture
+def no_model(monkeypatch):
+    """A usage error must come before SmolLM2 is loaded (and a test must not load it)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("hf_parallel.models.load_smollm2", refuse)
+
+
 def random_tokens(n: int, generator: torch.Generator, low: int = 3) -> list[int]:
     return torch.randint(low, VOCAB, (n,), generator=generator).tolist()
 

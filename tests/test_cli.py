@@ -30,16 +30,6 @@ def usage_error(capsys, argv: list[str]) -> str:
     return err
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """A usage error must come before SmolLM2 is loaded (and a test must not load it)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", refuse)
-
-
 def squad_file(tmp_path: Path) -> Path:
     qa = {"id": "a", "question": "Who sat?", "answers": [{"text": "cat", "answer_start": 0}]}
     path = tmp_path / "squad.json"

@@ -40,16 +40,6 @@ def load_as_smollm2(monkeypatch, model_and_tokenizer) -> list:
 
 
 @pytest.fixture
-def no_model(monkeypatch):
-    """A usage error must come before the model is loaded."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", refuse)
-
-
-@pytest.fixture
 def calls(monkeypatch):
     """The prompts of every generate_tokens call of the corpus mode."""
     made, generate = [], corpus.generate_tokens
