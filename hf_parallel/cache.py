@@ -70,6 +70,8 @@ class PackedCache(Cache):
 
     kinds: per layer, "attention" or "hybrid" (K/V and a recurrent state).  Set `cache.plan` to the current
     forward's `AttentionPlan` before each forward, and `cache.segment_runs` where layers are recurrent.
+    Each layer's K/V lives on the device of its keys, so a model placed over several devices keeps each
+    layer's cache beside that layer.
     """
 
     def __init__(self, kinds: list[str], num_slots: int):
@@ -83,7 +85,10 @@ class PackedCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         if self.plan is None:
             raise RuntimeError("PackedCache.update called without a plan: use hf_parallel's generation functions")
-        return self.layers[layer_idx].write(key_states, value_states, self.plan)
+        plan = self.plan
+        if plan.device != key_states.device:  # a model placed over devices: this layer's (copied once per forward)
+            plan = plan.to(key_states.device)
+        return self.layers[layer_idx].write(key_states, value_states, plan)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0

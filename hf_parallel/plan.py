@@ -7,11 +7,14 @@ and to the cache as `cache.plan`; it is never a module global.  An attention bac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 
 from .layout import Layout
+from .placement import normal_device
 
 
 @dataclass
@@ -30,6 +33,9 @@ class SlotIds:
     @classmethod
     def from_layout(cls, layout: Layout, device: torch.device) -> SlotIds:
         return cls(layout.slot_seg.to(device), layout.slot_pos.to(device), layout.seg_end.to(device))
+
+    def to(self, device, non_blocking: bool = False) -> SlotIds:
+        return SlotIds(*(t.to(device, non_blocking=non_blocking) for t in (self.slot_seg, self.slot_pos, self.seg_end)))
 
 
 @dataclass
@@ -61,6 +67,8 @@ class AttentionPlan:
     q_pos:  [N] int32 position of each new token.
     kv_len: number of leading slots any query of this forward may see.
     ids:    the row's `SlotIds`.
+
+    A model placed over several devices gets the plan on each through `to` (see `hf_parallel.placement`).
     """
 
     q_slot: torch.Tensor
@@ -68,6 +76,33 @@ class AttentionPlan:
     q_pos: torch.Tensor
     kv_len: int
     ids: SlotIds
+    # device -> this plan there, kept by the plan the loop built; a copy refers back to it weakly (no cycle)
+    copies: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    origin: weakref.ref | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.q_slot.device
+
+    def to(self, device, non_blocking: bool = False) -> AttentionPlan:
+        """This plan on `device`, copied once per device however many layers ask: accelerate's hooks call `.to`
+        on every kwarg of every block they move (`send_to_device`), and the cache asks for its keys' device."""
+        if device is None:  # as `Tensor.to(None)`: accelerate's hooks pass it where a module has no device
+            return self
+        device = normal_device(device)
+        if device == self.device:
+            return self
+        origin = (self.origin() if self.origin is not None else None) or self
+        if device == origin.device:
+            return origin
+        if device not in origin.copies:
+            non_blocking = non_blocking and device.type == "cuda"  # a copy to the host must land before it is read
+            fields = {f.name: _moved(getattr(origin, f.name), device, non_blocking)
+                      for f in dataclasses.fields(origin) if f.init}  # fmt: skip
+            copy = type(origin)(**fields)
+            copy.origin = weakref.ref(origin)
+            origin.copies[device] = copy
+        return origin.copies[device]
 
     @classmethod
     def for_slots(cls, q_slot: torch.Tensor, ids: SlotIds, kv_len: int | None = None, **fields) -> AttentionPlan:
@@ -81,6 +116,13 @@ class AttentionPlan:
         if kv_len is None:
             kv_len = int(q_slot.max()) + 1
         return cls(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, **fields)
+
+
+def _moved(value, device: torch.device, non_blocking: bool):
+    """A plan field on `device`: tensors and the tensor holders (`SlotIds`, a tile plan) moved, numbers kept."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    return value.to(device) if hasattr(value, "to") else value
 
 
 def query_group(model_config) -> int:

@@ -21,6 +21,7 @@ from .attention import AttentionBackend
 from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
+from .placement import eager_only, loop_device, spans_devices
 from .plan import AttentionPlan, Row, SlotIds, query_group
 from .processing import Processing
 from .recurrent import SegmentRuns
@@ -38,15 +39,18 @@ class Runner:
     calls: same buffers, so the captured decode steps replay); otherwise a fresh cache.
     `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
     of its own), to be called inside `use_model(model, backend, support)`.
+    A model placed over several devices, offloaded or sharded decodes eagerly: no CUDA graphs.
     """
 
     def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend,
                  support: Support | None = None, session: Session | None = None):  # fmt: skip
         support = support if support is not None else check_support(model)
         self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
-        self.device = model.device
-        # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now
-        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent
+        self.device = loop_device(model)
+        self.spanning = spans_devices(model)
+        # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now;
+        # so are those of a model over several devices, offloaded or sharded (`placement.eager_only` says why)
+        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent and not eager_only(model)
         if captured:  # the session's row (kept between calls), or one of this call's
             self.static = session.row_for(layout, support) if session else StaticRow.for_layout(model, layout, support)
         else:
@@ -88,6 +92,9 @@ class Runner:
         self.cache.plan = plan
         if self.support.recurrent:
             self.cache.segment_runs = self.segment_runs(plan, step)
+        # over several devices the last hidden states may sit on another device than `keep`: a host list indexes
+        # any device (and accelerate's hooks leave it where it is)
+        keep = keep.tolist() if self.spanning else keep
         kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
                       logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
         if step and self.opts.compile and not self.compile_failed:
@@ -100,7 +107,7 @@ class Runner:
                 warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: {err}); "
                               "running it uncompiled", stacklevel=2)  # fmt: skip
                 self.compile_failed = True
-        return self.model(**kwargs).logits[0].float()
+        return self.model(**kwargs).logits[0].float().to(self.device)  # the last layer's device: the loop's
 
     def prefill(self) -> torch.Tensor:
         """Run every prompt token once; logits [P, V] at each prompt's last token."""

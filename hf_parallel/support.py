@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from .attention import AttentionBackend, use_attention
 from .attention.reference import ReferenceBackend
 from .cache import PackedCache, PackedLayer
+from .placement import placement_problem, spans_devices
 from .recurrent import SegmentedMixer, segmented
 
 REASONS = {
@@ -40,6 +41,12 @@ REASONS = {
     "leak": "lets one prompt change another's logits in a packed row (a state kept outside the cache)",
     "state": "gives a prompt prefilled in chunks other logits than prefilled whole (a recurrent state hf_parallel "
     "cannot carry)",
+    "meta": "has parameters on the meta device that no accelerate offload hook loads (load the weights, or dispatch "
+    "the model with accelerate)",
+    "split": "is placed so that one attention layer computes on several devices; one layer's cache lives on one: "
+    "keep each attention module whole in the device map (no_split_module_classes)",
+    "recurrent-placement": "has layers with a recurrent state and computes on several devices; hf_parallel runs "
+    "segmented states on one device",
 }
 
 
@@ -85,14 +92,26 @@ def check_support(model: PreTrainedModel) -> Support:
     return _VERDICTS[model]
 
 
+def check_placement(model: PreTrainedModel) -> None:
+    """Refuse, by name, a placement hf_parallel cannot follow (`hf_parallel.placement`); on every call (a model may
+    be dispatched again after its verdict)."""
+    problem = placement_problem(model)
+    if problem:
+        raise refuse(model, *problem)
+    if spans_devices(model) and segmented(model):
+        raise refuse(model, "recurrent-placement")
+
+
 def refuse(model: nn.Module, reason: str, detail: str = "") -> NotImplementedError:
     return NotImplementedError(f"{type(model).__name__} {REASONS[reason]}{detail}")
 
 
 def check_model(model: PreTrainedModel) -> None:
-    """Refuse, by name, what no forward can fix: the wrong type, an encoder-decoder, no `position_ids`."""
+    """Refuse, by name, what no forward can fix: the wrong type, an encoder-decoder, no `position_ids`, a placement
+    over devices hf_parallel cannot follow."""
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
+    check_placement(model)
     config = model.config.get_text_config()
     if getattr(config, "is_encoder_decoder", False):
         raise refuse(model, "encoder-decoder")
@@ -269,6 +288,7 @@ def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Suppor
 def _inject_plan(module, args, kwargs):
     if kwargs.get("pp_plan") is None:
         cache = next((v for v in (*kwargs.values(), *args) if isinstance(v, PackedCache)), None)
-        if cache is not None:
-            kwargs["pp_plan"] = cache.plan
+        hidden = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        if cache is not None and cache.plan is not None:  # on the device of the module's inputs (placed models)
+            kwargs["pp_plan"] = cache.plan.to(hidden.device) if hidden is not None else cache.plan
     return args, kwargs

@@ -59,6 +59,11 @@ def _spelled_out_attention(query, key, value, mask, scaling, softcap, sinks):
     return torch.softmax(scores, dim=-1).to(value.dtype) @ value
 
 
+def plan_on(plan: AttentionPlan | None, device: torch.device) -> AttentionPlan | None:
+    """The plan on the device of a layer's queries: accelerate's hooks move it, this catches a layer they did not."""
+    return plan.to(device) if plan is not None and plan.device != device else plan
+
+
 def check_attention_call(module, query, attention_mask, dropout, plan, kwargs) -> None:
     """Refuse what the stream mask cannot honour, by name, before any work."""
     if plan is None:
@@ -77,7 +82,7 @@ def check_attention_call(module, query, attention_mask, dropout, plan, kwargs) -
 class ReferencePlan(AttentionPlan):
     """A plan that keeps each sliding window's dense mask, built by the first layer that needs it."""
 
-    masks: dict[int | None, torch.Tensor] = field(default_factory=dict, repr=False)
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         if sliding_window not in self.masks:
@@ -93,6 +98,7 @@ def reference_attention(
 
     kwargs may carry `s_aux`, gpt-oss's attention sinks ([H] logits)."""
     check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
+    pp_plan = plan_on(pp_plan, query.device)
     mask = pp_plan.mask(sliding_window) if isinstance(pp_plan, ReferencePlan) else stream_mask(pp_plan, sliding_window)
     return sdpa_attention(query, key, value, mask, scaling, softcap, kwargs.get("s_aux")), None
 

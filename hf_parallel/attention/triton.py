@@ -7,6 +7,7 @@ its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when strea
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -17,7 +18,7 @@ import triton
 from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .backend import AttentionBackend
-from .reference import check_attention_call
+from .reference import check_attention_call, plan_on
 from .tiles import TilePlan, build_tile_plan
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,6 +71,7 @@ class TritonBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, None]:  # fmt: skip
         """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
         check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
+        pp_plan = plan_on(pp_plan, query.device)
         if getattr(pp_plan, "tiles", None) is None:
             raise ValueError("the Triton attention path needs a TritonPlan with its tiles (TritonBackend.plan)")
         sinks = kwargs.get("s_aux")
@@ -164,16 +166,22 @@ def stream_attention(
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
     part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
     scale = scaling if scaling is not None else dim**-0.5
-    _launch(
-        query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window, sinks
-    )
-    if splits > 1:
-        block_d = max(16, triton.next_power_of_2(dim))
-        kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
-            part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
-            HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
+    with _on_device(query.device):  # Triton launches on the current device: a layer's may be another GPU
+        _launch(
+            query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window,
+            sinks,
         )  # fmt: skip
+        if splits > 1:
+            block_d = max(16, triton.next_power_of_2(dim))
+            kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
+                part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
+                HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
+            )  # fmt: skip
     return out
+
+
+def _on_device(device: torch.device):
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
