@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .corpus import TOKENS_PER_CALL
@@ -22,6 +22,11 @@ Answer questions about documents with parallel prompting.
                  (not JSON, no document, no questions, a repeated id, a prompt longer than the model
                  takes) is reported and skipped, the other documents are answered, and the command
                  ends with a usage error (exit status 2) naming the skipped lines.
+  many devices:  accelerate launch --multi_gpu --num_processes N -m hf_parallel answer --corpus IN --out OUT
+                 each process answers a share of the documents (balanced by prompt tokens) on its own
+                 device, appending to OUT.part-RANK; the main process then appends the parts to OUT in
+                 input order.  OUT is as one process writes it; a rerun with any number of processes
+                 resumes from OUT and any parts left.  Several nodes need OUT on a filesystem they share.
 """
 
 
@@ -36,7 +41,7 @@ class AnswerConfig:
     model: str | None = None  # a local path or hub id; default: the embedded SmolLM2-135M-Instruct
     max_new_tokens: int | None = None  # per answer; default: the model's generation_config (else 256)
     dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on the CPU)
-    device: str | None = None  # cpu | cuda[:N]; default: cuda when available
+    device: str | None = None  # cpu | cuda[:N]; default: cuda when available (this process's, under accelerate)
     template: str | None = None  # the user turn from "{document}" and "{question}"
     system_prompt: str | None = None
     tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
@@ -97,7 +102,8 @@ def _answer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=_positive_int, help="per answer (default: the model's config)")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="auto: bfloat16 on CUDA, float32 on the CPU")  # fmt: skip
-    parser.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available)")
+    parser.add_argument("--device", help="cpu or cuda[:N] (default: cuda when available; under `accelerate launch` "
+                        "with several processes, each process's own device)")  # fmt: skip
     parser.add_argument("--template", help='the user turn, from "{document}" and "{question}"')
     parser.add_argument("--system-prompt", help="a system message (needs the tokenizer's chat template)")
     parser.add_argument("--tokens-per-call", type=_positive_int, default=TOKENS_PER_CALL,
@@ -149,17 +155,37 @@ def _answer_document(parser: argparse.ArgumentParser, config: AnswerConfig) -> N
 
 
 def _answer_corpus(parser: argparse.ArgumentParser, config: AnswerConfig) -> None:
-    """Answer the corpus's documents that --out does not hold yet, appending each line as it finishes."""
-    from .corpus import answer_corpus, append_json_lines
+    """Answer the corpus's documents that --out does not hold yet, appending each line as it finishes.
 
+    Under `accelerate launch` with several processes each answers its share on its own device and
+    appends to a part file of --out; once all are done, the main process appends the parts to --out
+    in input order.  Parts left by an interrupted run are honoured the same way by one process.
+    """
+    from .corpus import answer_key, append_json_lines
+    from .sharding import answer_share, merge_parts, part_files, part_path, process_state
+
+    state = process_state(cpu=True if (config.device or "").startswith("cpu") else None)
+    # --out gets lines directly only as before: one process, no parts to put in order with them
+    target = config.out if state.num_processes == 1 and not part_files(config.out) else None
     records, problems = _corpus_todo(parser, config)
+    state.wait_for_everyone()  # every rank reads --out and the parts (and so splits alike) before any appends
     if records:
+        if config.device is None and state.num_processes > 1:
+            config = replace(config, device=str(state.device))
+        if state.num_processes > 1:  # one note per process: which one, where (and that the launch made several)
+            print(f"{parser.prog}: process {state.process_index} of {state.num_processes} on {config.device or 'cuda'}",
+                  file=sys.stderr)  # fmt: skip
         model, tokenizer = _load(parser, config)
         records = _fitting(parser, model, tokenizer, records, config, problems)
         pairs = [(r["document"], r["questions"]) for r in records]
-        for result in answer_corpus(model, tokenizer, pairs, config.template, None, config.system_prompt,
-                                    config.tokens_per_call, config.progress, **_options(config)):  # fmt: skip
-            append_json_lines(config.out, [_answer_line(records[result.index], result.answers)])
+        render = {"template": config.template, "use_chat_template": None, "system_prompt": config.system_prompt}
+        for result in answer_share(model, tokenizer, pairs, state, render, tokens_per_call=config.tokens_per_call,
+                                   progress=config.progress, **_options(config)):  # fmt: skip
+            append_json_lines(target or part_path(config.out, state.process_index),
+                              [_answer_line(records[result.index], result.answers)])  # fmt: skip
+    state.wait_for_everyone()
+    if state.is_main_process:
+        merge_parts(config.out, answer_key, lambda line: line["line"])
     if problems:
         lines = ", ".join(str(line) for line, _ in sorted(problems))
         parser.error(f"skipped {len(problems)} bad line(s) of {config.corpus} (line {lines}, reported above); the "
@@ -167,8 +193,9 @@ def _answer_corpus(parser: argparse.ArgumentParser, config: AnswerConfig) -> Non
 
 
 def _corpus_todo(parser: argparse.ArgumentParser, config: AnswerConfig) -> tuple[list[dict], list[tuple]]:
-    """The corpus's good records that --out does not hold yet, and its bad lines (reported on stderr)."""
-    from .corpus import answer_key, finished_answers, read_corpus
+    """The corpus's good records that neither --out nor its part files hold yet, and its bad lines
+    (reported on stderr)."""
+    from .corpus import answer_key, read_corpus
 
     try:
         records, problems = read_corpus(config.corpus)
@@ -178,19 +205,30 @@ def _corpus_todo(parser: argparse.ArgumentParser, config: AnswerConfig) -> tuple
         _skip(parser, config, line, problem)
     if not records and not problems:
         parser.error(f'the corpus {config.corpus} is empty (expected one {{"document", "questions"}} object a line)')
-    try:
-        finished = finished_answers(config.out)
-        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        parser.error(f"cannot resume from {config.out}: {error}; pass another --out or delete it")
+    finished = _finished(parser, config)
     questions = {answer_key(r): r["questions"] for r in records}
     for key, asked in finished.items():
         if questions.get(key) != asked:
             parser.error(f"{config.out} holds the answers of another corpus (its {key[0]} {key[1]!r} has other "
                          f"questions in {config.corpus}, or none); pass another --out or delete it")  # fmt: skip
     if finished:
-        print(f"{parser.prog}: {len(finished)} document(s) already answered in {config.out}", file=sys.stderr)
+        _report(parser, f"{len(finished)} document(s) already answered in {config.out}")
     return [r for r in records if answer_key(r) not in finished], problems
+
+
+def _finished(parser: argparse.ArgumentParser, config: AnswerConfig) -> dict:
+    """The documents --out and its part files (from an interrupted run over several processes) hold."""
+    from .corpus import finished_answers
+    from .sharding import part_files
+
+    finished = {}
+    try:
+        for path in [config.out, *part_files(config.out)]:
+            finished.update(finished_answers(path))
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        parser.error(f"cannot resume from {config.out}: {error}; pass another --out or delete it")
+    return finished
 
 
 def _fitting(parser, model, tokenizer, records: list[dict], config: AnswerConfig, problems: list) -> list[dict]:
@@ -216,7 +254,15 @@ def _fitting(parser, model, tokenizer, records: list[dict], config: AnswerConfig
 
 
 def _skip(parser: argparse.ArgumentParser, config: AnswerConfig, line: int, problem: str) -> None:
-    print(f"{parser.prog}: {config.corpus} line {line}: {problem}; skipped", file=sys.stderr)
+    _report(parser, f"{config.corpus} line {line}: {problem}; skipped")
+
+
+def _report(parser: argparse.ArgumentParser, message: str) -> None:
+    """A note on stderr, from the main process only: every process of a launch finds the same."""
+    from .sharding import process_state
+
+    if process_state().is_main_process:
+        print(f"{parser.prog}: {message}", file=sys.stderr)
 
 
 def _answer_line(record: dict, answers: list) -> dict:

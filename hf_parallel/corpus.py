@@ -117,6 +117,11 @@ def _calls(model, tokenizer, items, render: dict, tokens_per_call: int, options:
         yield batch
 
 
+def document_tokens(tokenizer: PreTrainedTokenizerBase, document: str, questions: list[str], **render) -> int:
+    """The prompt tokens a document puts in a call (its shared prefix once); render: as for `answer_corpus`."""
+    return _prompt_tokens(render_prompts(tokenizer, document, questions, **render))
+
+
 def _prompt_tokens(prompts: list[list[int]]) -> int:
     """Tokens a document's prompts put in the packed row: their common prefix once, then each one's rest."""
     shared = len(os.path.commonprefix(prompts)) if prompts else 0

@@ -10,11 +10,13 @@ import hashlib
 import json
 from pathlib import Path
 
+from accelerate.utils import gather_object
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .corpus import TOKENS_PER_CALL, answer_corpus, append_json_lines, read_json_lines
+from .corpus import TOKENS_PER_CALL, append_json_lines, read_json_lines
 from .evaluation.checkpoint import CheckpointError
 from .inputs import check_text
+from .sharding import answer_share, merge_parts, part_files, part_path, process_state
 
 
 def answer_dataset(
@@ -41,25 +43,37 @@ def answer_dataset(
         holds.  A checkpoint of another run (other rows, model or options) raises CheckpointError.
     template, use_chat_template, system_prompt, tokens_per_call, progress and the generation
     `options`: as for `answer_corpus`.
+
+    Under `accelerate launch` with several processes, call it on every process with the model on
+    that process's `PartialState().device`: each answers a share of the documents (balanced by
+    prompt tokens) and every process gets the whole dataset back.  With a checkpoint each process
+    appends to a part file of it, merged into it at the end; a rerun with any number of processes
+    skips the documents the checkpoint and any leftover parts hold.
     """
     documents, questions = _columns(dataset, document_column, question_column, answer_column)
-    groups = _documents(documents)
     answers = [None] * len(documents)
     render = {"template": template, "use_chat_template": use_chat_template, "system_prompt": system_prompt}
-    done = _Checkpoint(checkpoint, _header(model, documents, questions, render, options)) if checkpoint else None
+    state = process_state()
+    header = _header(model, documents, questions, render, options)
+    done = _Checkpoint(checkpoint, header, state) if checkpoint else None
     todo = []
-    for rows in groups:
+    for rows in _documents(documents):
         if done is not None and rows[0] in done.answers:
             _fill(answers, rows, done.answers[rows[0]])
         else:
             todo.append(rows)
+    state.wait_for_everyone()  # every process has read the checkpoint's parts before any appends to one
     records = [(documents[rows[0]], [questions[r] for r in rows]) for rows in todo]
-    for result in answer_corpus(model, tokenizer, records, tokens_per_call=tokens_per_call, progress=progress,
-                                **render, **options):  # fmt: skip
-        rows = todo[result.index]
-        _fill(answers, rows, result.answers)
+    found = []
+    for result in answer_share(model, tokenizer, records, state, render, tokens_per_call=tokens_per_call,
+                               progress=progress, **options):  # fmt: skip
+        found.append((result.index, result.answers))
         if done is not None:
-            done.add(rows[0], result.answers)
+            done.add(todo[result.index][0], result.answers)
+    for index, values in gather_object(found) if state.num_processes > 1 else found:
+        _fill(answers, todo[index], values)
+    if done is not None:
+        done.merge(state)
     return dataset.add_column(answer_column, answers)
 
 
@@ -102,21 +116,37 @@ def _header(model, documents: list[str], questions: list[str], render: dict, opt
 
 
 class _Checkpoint:
-    """Finished documents' answers, a JSON line each ({"row": first row, "answers": [...]}) after the header."""
+    """Finished documents' answers, a JSON line each ({"row": first row, "answers": [...]}) after the header.
 
-    def __init__(self, path: str | Path, header: dict):
+    One process appends to the checkpoint itself, as long as no part files are left; several
+    processes each append to a part file of their own, merged into the checkpoint by `merge`.
+    """
+
+    def __init__(self, path: str | Path, header: dict, state):
         self.path, self.answers = Path(path), {}
         lines = read_json_lines(self.path)
-        if not lines:
+        parts = part_files(self.path) if lines else []  # parts without a checkpoint belong to no run to resume
+        state.wait_for_everyone()  # every process has read the file before the main process writes a new one
+        if not lines and state.is_main_process:
+            for part in part_files(self.path):
+                part.unlink()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(header, sort_keys=True) + "\n")
-            return
-        if lines[0] != header:
+        if lines and lines[0] != header:
             raise CheckpointError(f"{self.path} is the checkpoint of another run (other rows, model or options); "
                                   "pass another checkpoint= file or delete it")  # fmt: skip
-        for record in lines[1:]:
+        for record in lines[1:] + [line for part in parts for line in read_json_lines(part)]:
             if isinstance(record, dict) and "row" in record and "answers" in record:
                 self.answers[record["row"]] = record["answers"]
+        alone = state.num_processes == 1 and not parts
+        self.target = self.path if alone else part_path(self.path, state.process_index)
 
     def add(self, row: int, answers: list) -> None:
-        append_json_lines(self.path, [{"row": row, "answers": answers}])
+        append_json_lines(self.target, [{"row": row, "answers": answers}])
+
+    def merge(self, state) -> None:
+        """The parts' answers appended to the checkpoint, by the main process once all are done."""
+        state.wait_for_everyone()
+        if state.is_main_process:
+            merge_parts(self.path, lambda line: line.get("row"), lambda line: line["row"])
+        state.wait_for_everyone()  # a next call reads the checkpoint whole, not half merged
