@@ -27,6 +27,7 @@ from .runner import Runner
 from .sampling import Sampler
 
 REFILL_FRACTION = 8  # refill once 1/8 of the row's streams (or its slots) are free, and not for every stream
+SHARE = 2  # a document starts (or is copied) only where the room of this many of its prompts' answers is free too
 
 
 class Cohort:
@@ -64,13 +65,14 @@ class Cohort:
 class RefillEngine:
     """Every prompt's new tokens, through one row of `budget` (module docstring); `run` yields them as they finish."""
 
-    def __init__(self, runner: Runner, prompts: list[list[int]], order: list[int], room: int, budget: RowBudget,
-                 refill: bool = True):  # fmt: skip
+    def __init__(self, runner: Runner, prompts: list[list[int]], groups: list[list[int]], room: int,
+                 budget: RowBudget, refill: bool = True):  # fmt: skip
         self.runner, self.prompts, self.room, self.budget, self.refill = runner, prompts, room, budget, refill
         self.opts: GenerationOptions = runner.opts
         self.sampler = Sampler(runner.opts, runner.device)  # one for the call: a seed gives one sequence of draws
         self.forest = Forest(budget.capacity)
-        self.waiting = deque(order)
+        self.waiting = deque(deque(g) for g in groups if g)  # prompt indices by document, in input order
+        self.stream_bound = False  # the last admission stopped at the row's stream limit
         self.starting: list[tuple[int, Node]] = []  # admitted streams whose first logits are not computed yet
         self.cohorts: list[Cohort] = []
         self.started: list[tuple[int, Node, int]] = []
@@ -90,38 +92,63 @@ class RefillEngine:
     # -- admission --
 
     def _admit(self) -> None:
-        room = self.room
-        free_streams = self.budget.streams - self.live
-        if not self.waiting or (self.live and not self._refill_due(free_streams)):
+        """Admit waiting prompts, document by document in input order, while streams and room last.
+
+        A document continues after its resident prefix; once no room is left there, its next prompt takes
+        a copy of the prompt elsewhere, and a document not resident starts, only where the interval also
+        holds `SHARE` of its prompts' answer room (so a document is not left with room for one question
+        after it; an empty row takes any prompt that fits it).
+        """
+        if not self.waiting or (self.live and not self._refill_due()):
             return
-        collected = False
-        while self.waiting and free_streams > 0:
-            index = self.waiting[0]
-            answer = self.forest.admit(index, self.prompts[index], room)
-            if answer is None and not collected:  # free the unused prefixes (reused above while resident) and retry
-                self.forest.collect()
-                collected, answer = True, self.forest.admit(index, self.prompts[index], room)
-            if answer is None:
+        free, collected, blocked = self.budget.streams - self.live, False, False
+        for group in self.waiting:
+            while group and free > 0:
+                answer = self._place(group)
+                if answer is None and not collected:  # free the unused prefixes (reused while resident) and retry
+                    self.forest.collect()
+                    collected, answer = True, self._place(group)
+                if answer is None:
+                    break
+                self.starting.append((group.popleft(), answer))
+                free -= 1
+                self.changed = True
+            blocked = free == 0
+            if blocked or (group and not self.live and not self.starting):
                 break
-            self.waiting.popleft()
-            self.starting.append((index, answer))
-            free_streams -= 1
-            self.changed = True
+        self.stream_bound = blocked
+        self.waiting = deque(g for g in self.waiting if g)
         self.forest.collect()
         if self.changed:
             self._snapshot()
         if not self.live and self.waiting:
-            need = len(self.prompts[self.waiting[0]]) + room
-            raise ValueError(f"prompt {self.waiting[0]} needs {need} slots (its tokens plus max_new_tokens) but "
+            index = self.waiting[0][0]
+            need = len(self.prompts[index]) + self.room
+            raise ValueError(f"prompt {index} needs {need} slots (its tokens plus max_new_tokens) but "
                              f"the memory budget holds {self.budget.capacity} tokens of K/V "
                              f"({size(self.budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
 
-    def _refill_due(self, free_streams: int) -> bool:
+    def _place(self, group: deque[int]):
+        """The answer node of the group's next prompt placed in the row, or None."""
+        index, forest, room = group[0], self.forest, self.room
+        prompt = self.prompts[index]
+        if not self.live and not self.starting and not forest.roots:  # an empty row: anything that fits
+            return forest.admit(index, prompt, room)
+        spare = min(len(group) - 1, SHARE - 1) * room
+        if not forest.resident(prompt):
+            return forest.admit(index, prompt, room, spare=spare)
+        return forest.admit(index, prompt, room) or forest.admit(index, prompt, room, copy=True, spare=spare)
+
+    def _refill_due(self) -> bool:
+        """Whether enough of the row is free to admit: an eighth of its slots, or, where the stream limit stopped
+        the last admission, an eighth of its streams (admitting for every finished stream would make every
+        round a prefill round)."""
         if not self.refill:
             return False
         free_slots = self.budget.capacity - self.forest.used()
-        capacity, streams = self.budget.capacity, self.budget.streams
-        return free_streams * REFILL_FRACTION >= streams or free_slots * REFILL_FRACTION >= capacity
+        free_streams = self.budget.streams - self.live
+        due = free_slots * REFILL_FRACTION >= self.budget.capacity
+        return due or (self.stream_bound and free_streams * REFILL_FRACTION >= self.budget.streams)
 
     def _snapshot(self) -> None:
         runner = self.runner

@@ -111,7 +111,8 @@ class _Call:
 
     def _waves(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
         """Rows one after another, each as many streams (a document's together) as fit it."""
-        for wave in _waves(self.streams, document_order(layout), self.room, budget):
+        order = [index for group in document_groups(layout) for index in group]
+        for wave in _waves(self.streams, order, self.room, budget):
             wave_layout = build_layout([self.streams[i] for i in wave], self.room)
             runner = Runner(self.model, wave_layout, self.opts, self.backend, self.support, self.session)
             yield from zip(wave, runner.run())
@@ -119,7 +120,7 @@ class _Call:
     def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
         empty = Forest(budget.capacity).snapshot(self.room)
         runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
-        engine = RefillEngine(runner, self.streams, document_order(layout), self.room, budget, self.opts.refill)
+        engine = RefillEngine(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
         with use_model(self.model, self.backend, self.support):
             rounds = engine.run()
             while True:
@@ -130,10 +131,12 @@ class _Call:
                 yield finished
 
 
-def document_order(layout: Layout) -> list[int]:
-    """The streams by the root of their prefix tree (first appearance), so a document's streams are together."""
-    roots = [layout.ancestors(end)[0] for end in layout.prompt_ends]
-    return sorted(range(layout.num_prompts), key=lambda p: (roots[p], p))
+def document_groups(layout: Layout) -> list[list[int]]:
+    """The streams grouped by the root of their prefix tree (a document), groups by first appearance."""
+    groups: dict[int, list[int]] = {}
+    for p, end in enumerate(layout.prompt_ends):
+        groups.setdefault(layout.ancestors(end)[0], []).append(p)
+    return [groups[root] for root in sorted(groups)]
 
 
 def _waves(streams, order: list[int], room: int, budget: RowBudget) -> Iterator[list[int]]:

@@ -9,7 +9,10 @@ slot allocator:
              document its earlier questions brought in) are reused, splitting a node
              where the prompt branches off; its new tokens and answer room take one
              free region after its deepest resident ancestor (a key's slot must come
-             before its queries' slots: causality is by slot)
+             before its queries' slots: causality is by slot), at the start of the largest
+             free interval, so the prompts sharing the new tokens find room after them.
+             A prompt whose resident prefix has no room left after it may take a copy
+             of its prompt elsewhere (`copy=True`); later prompts share the copy
     release  a finished stream's answer region is freed; so are the nodes no admitted
              stream goes through any more (`collect`, after the round's admissions, so a
              waiting prompt can still reuse the prefix its predecessors brought in)
@@ -43,6 +46,7 @@ class Node:
     users: int = 0  # admitted streams whose prompt goes through this node
     written: int = 0  # leading tokens whose K/V is in the cache
     stream: int = -1  # answer regions: the prompt index
+    closed: bool = False  # a copy of this node took later prompts: none matches this one any more
 
     @property
     def length(self) -> int:
@@ -63,13 +67,25 @@ class Forest:
         self.answers: dict[int, Node] = {}  # prompt index -> its answer region
         self.unwritten: list[Node] = []  # prompt nodes with tokens not yet written, parents before children
 
-    def admit(self, index: int, prompt: list[int], room: int) -> Node | None:
-        """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits."""
+    def admit(self, index: int, prompt: list[int], room: int, copy: bool = False, spare: int = 0) -> Node | None:
+        """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits.
+
+        copy: place the whole prompt anew, its resident prefix (which has no room left after it) closed to later
+        prompts, which then share the copy.  spare: slots that must stay free after the new region in its
+        interval (room for the prompts that will share its new tokens).
+        """
         parent, matched = self._match(prompt)
+        if copy:
+            top = parent
+            while top is not None and top.parent is not None:
+                top = top.parent
+            parent, matched = None, 0
         new = prompt[matched:]
-        start = self._allocate(len(new) + room, parent.end if parent is not None else 0)
+        start = self._allocate(len(new) + room, parent.end if parent is not None else 0, spare)
         if start is None:
             return None
+        if copy and top is not None:
+            top.closed = True
         if new:
             parent = self._attach(Node(new, parent, matched, start))
             self.unwritten.append(parent)
@@ -80,6 +96,10 @@ class Forest:
             node = node.parent
         self.answers[index] = answer
         return answer
+
+    def resident(self, prompt: list[int]) -> bool:
+        """Whether some of the prompt's leading tokens are in the row, open to it."""
+        return any(r.tokens and r.tokens[0] == prompt[0] and not r.closed for r in self.roots)
 
     def release(self, index: int) -> None:
         """Stream `index` finished: its answer region goes, the rest waits for `collect`."""
@@ -134,7 +154,7 @@ class Forest:
         many of the prompt's tokens it covers."""
         parent, pos, candidates = None, 0, self.roots
         while pos < len(prompt):
-            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos]), None)
+            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos] and not c.closed), None)
             if child is None:
                 break
             n = _common(child.tokens, prompt[pos:])
@@ -155,16 +175,23 @@ class Forest:
         siblings.remove(node)
         self._free(node.slot, node.end)
 
-    def _allocate(self, size: int, after: int) -> int | None:
-        for interval in self.free:
-            start = max(interval[0], after)
-            if interval[1] - start >= size:
-                if start > interval[0]:  # a piece before `after` stays free
-                    self.free.insert(self.free.index(interval), [interval[0], start])
-                interval[0] = start + size
-                self.free = [f for f in self.free if f[1] > f[0]]
-                return start
-        return None
+    def _allocate(self, size: int, after: int, spare: int = 0) -> int | None:
+        """The start of `size` free slots from `after` on, `spare` more free after them: at the start of the largest
+        free interval, so that the prompts that will share the new tokens (a document's later questions) find room
+        right after them."""
+        best, room = None, size + spare - 1
+        for i, (start, end) in enumerate(self.free):
+            if end - max(start, after) > room:
+                best, room = i, end - max(start, after)
+        if best is None:
+            return None
+        interval = self.free[best]
+        start = max(interval[0], after)
+        if start > interval[0]:  # a piece before `after` stays free
+            self.free.insert(best, [interval[0], start])
+        interval[0] = start + size
+        self.free = [f for f in self.free if f[1] > f[0]]
+        return start
 
     def _free(self, start: int, end: int) -> None:
         merged = sorted(self.free + [[start, end]])
@@ -188,7 +215,7 @@ def _common(a: list[int], b: list[int]) -> int:
 def _split(node: Node, at: int) -> Node:
     """Cut `node` after its first `at` tokens; the rest becomes its only child (same slots, same users)."""
     rest = Node(node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users,
-                max(0, node.written - at))  # fmt: skip
+                max(0, node.written - at), closed=node.closed)  # fmt: skip
     for child in rest.children:
         child.parent = rest
     node.tokens, node.children, node.written = node.tokens[:at], [rest], min(node.written, at)

@@ -102,3 +102,25 @@ def test_new_regions_come_after_their_ancestors():
     forest.admit(2, list(range(10, 20)) + [7, 8], 2)  # needs 4 slots after slot 16: none there but 19..22
     check(forest, {1: list(range(10, 20)), 2: list(range(10, 20)) + [7, 8]} | {0: [1, 2, 3]})
     assert forest.answers[2].slot > 16
+
+
+def test_a_copy_takes_the_later_prompts_of_its_document():
+    """A document with no room left after it is placed again where there is; later prompts share the copy, and
+    the old one goes once its streams finish."""
+    doc = list(range(10, 20))
+    forest = Forest(capacity=40)
+    forest.admit(0, [1, 2], ROOM)  # slots 0..4
+    forest.admit(1, doc + [5], ROOM)  # slots 5..18
+    forest.admit(2, [3] * 15, ROOM)  # slots 19..36
+    forest.release(0)
+    forest.release(2)
+    forest.collect()
+    assert forest.admit(3, doc + [6], ROOM) is not None  # after the document: 19..22
+    assert forest.admit(4, doc + [7], ROOM, copy=True) is not None  # the copy: 23..36
+    assert forest.admit(5, doc + [8], ROOM) is None  # the old one is closed, and the copy has no room after it
+    assert [r.slot for r in forest.roots] == [5, 23]
+    forest.release(1)
+    forest.release(3)
+    forest.collect()
+    assert [r.slot for r in forest.roots] == [23]
+    check(forest, {4: doc + [7]})

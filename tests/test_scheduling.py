@@ -20,13 +20,13 @@ from .conftest import generate_alone, random_tokens, tiny_model
 NEW, CHUNK = 10, 16
 
 
-def max_memory_for(model, capacity: int) -> int:
+def max_memory_for(model, capacity: int, chunk: int = CHUNK) -> int:
     """The smallest max_memory whose row holds `capacity` slots (bisection over the budget's own arithmetic)."""
     support, lo, hi = check_support(model), 1, 1 << 40
     while lo < hi:
         mid = (lo + hi) // 2
         try:
-            fits = row_budget(model, support, CHUNK, mid).capacity >= capacity
+            fits = row_budget(model, support, chunk, mid).capacity >= capacity
         except ValueError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid + 1, hi)
@@ -55,6 +55,26 @@ def test_a_budget_of_a_quarter_of_the_work_changes_no_answer(arch, refill):
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
                           max_memory=max_memory_for(model, capacity), refill=refill)  # fmt: skip
     assert got == expected(model, prompts, eos)
+
+
+def test_a_document_admitted_into_the_last_room_does_not_take_its_questions_one_at_a_time(llama):
+    """The second document first fits in the row's last room with one question; once the first document's
+    streams finish, its other questions take a copy of it in the freed room, not the one region after it
+    in turn.  Each document's questions fit the row together, so about one answer length of forwards per
+    document, and one more for admissions, is what filling the row takes."""
+    gen = torch.Generator().manual_seed(6)
+    prompts = [doc + random_tokens(3, gen) for doc in (random_tokens(20, gen) for _ in range(4)) for _ in range(8)]
+    one_document = build_layout(prompts[:8], NEW).num_slots
+    capacity = one_document + 20 + 3 + NEW + 5  # the first document's questions, and one of the second's
+    forwards = [0]
+    hook = llama.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+    try:
+        got = generate_tokens(llama, prompts, max_new_tokens=NEW, eos_token_id=[], prefill_chunk=64,
+                              max_memory=max_memory_for(llama, capacity, 64))  # fmt: skip
+    finally:
+        hook.remove()
+    assert got == expected(llama, prompts, [])
+    assert forwards[0] <= (4 + 1) * NEW
 
 
 def test_triton_path_with_refill():
