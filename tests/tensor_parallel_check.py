@@ -61,8 +61,10 @@ def main(path: str, attns: list[str]) -> None:
         slot_bytes = check_support(model).slot_bytes
         verdict = "ok" if got == want and all(r == got for r in ranks) and slot_bytes == local_slot else (
             f"mismatch got={got} want={want} ranks={ranks} slot_bytes={slot_bytes} local={local_slot}")  # fmt: skip
-        print(f"VERDICT {rank} {attn} tp={is_tensor_parallel(model)} heads={heads[0]}/{heads[1]} {verdict}",
-              flush=True)  # fmt: skip
+        # one write per line: the ranks share one pipe, and print's separate write of the newline interleaves
+        line = f"VERDICT {rank} {attn} tp={is_tensor_parallel(model)} heads={heads[0]}/{heads[1]} {verdict}"
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 
