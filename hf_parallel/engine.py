@@ -6,23 +6,24 @@ Its logits give the live streams their next tokens and the prompts completed in 
 first.  Streams admitted in the same round share their step, so they form a `Cohort`
 that chooses its tokens through generate's processors together.  A stream that stops
 leaves the row at once; waiting prompts take its room (continuous refill) once enough
-room is free, so the live streams stay near the row's maximum.  With `refill=False`
-prompts are admitted only into an empty row (static waves, the baseline).  Rounds with
+room is free, so the live streams stay near the row's maximum (`admission.py`: which
+prompts, and where).  With `refill=False` prompts are admitted only into an empty row
+(static waves, the baseline).  Rounds with
 only decode tokens replay captured steps, as a single row's decode does.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 
 import torch
 
-from .budget import RowBudget, size
+from .admission import Admission
+from .budget import RowBudget
 from .options import GenerationOptions
 from .plan import Row, SlotIds
 from .processing import Processing
-from .rowlayout import Forest, Node
+from .rowlayout import Node
 from .runner import Runner
 from .sampling import Sampler
 
@@ -67,12 +68,11 @@ class RefillEngine:
 
     def __init__(self, runner: Runner, prompts: list[list[int]], groups: list[list[int]], room: int,
                  budget: RowBudget, refill: bool = True):  # fmt: skip
-        self.runner, self.prompts, self.room, self.budget, self.refill = runner, prompts, room, budget, refill
+        self.runner, self.prompts, self.room = runner, prompts, room
         self.opts: GenerationOptions = runner.opts
         self.sampler = Sampler(runner.opts, runner.device)  # one for the call: a seed gives one sequence of draws
-        self.forest = Forest(budget.capacity)
-        self.waiting = deque(deque(g) for g in groups if g)  # prompt indices by document, in input order
-        self.stream_bound = False  # the last admission stopped at the row's stream limit
+        self.admission = Admission(prompts, groups, room, budget, refill)
+        self.forest = self.admission.forest
         self.starting: list[tuple[int, Node]] = []  # admitted streams whose first logits are not computed yet
         self.cohorts: list[Cohort] = []
         self.started: list[tuple[int, Node, int]] = []
@@ -84,7 +84,7 @@ class RefillEngine:
         return sum(len(c.streams) for c in self.cohorts) + len(self.starting)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
-        while self.waiting or self.starting or self.cohorts:
+        while self.admission.waiting or self.starting or self.cohorts:
             self._admit()
             logits = self._forward()
             yield from self._choose(logits)
@@ -92,63 +92,11 @@ class RefillEngine:
     # -- admission --
 
     def _admit(self) -> None:
-        """Admit waiting prompts, document by document in input order, while streams and room last.
-
-        A document continues after its resident prefix; once no room is left there, its next prompt takes
-        a copy of the prompt elsewhere, and a document not resident starts, only where the interval also
-        holds `SHARE` of its prompts' answer room (so a document is not left with room for one question
-        after it; an empty row takes any prompt that fits it).
-        """
-        if not self.waiting or (self.live and not self._refill_due()):
-            return
-        free, collected, blocked = self.budget.streams - self.live, False, False
-        for group in self.waiting:
-            while group and free > 0:
-                answer = self._place(group)
-                if answer is None and not collected:  # free the unused prefixes (reused while resident) and retry
-                    self.forest.collect()
-                    collected, answer = True, self._place(group)
-                if answer is None:
-                    break
-                self.starting.append((group.popleft(), answer))
-                free -= 1
-                self.changed = True
-            blocked = free == 0
-            if blocked or (group and not self.live and not self.starting):
-                break
-        self.stream_bound = blocked
-        self.waiting = deque(g for g in self.waiting if g)
-        self.forest.collect()
-        if self.changed:
+        admitted = self.admission.admit(self.live)
+        if admitted:
+            self.starting += admitted
+            self.changed = True
             self._snapshot()
-        if not self.live and self.waiting:
-            index = self.waiting[0][0]
-            need = len(self.prompts[index]) + self.room
-            raise ValueError(f"prompt {index} needs {need} slots (its tokens plus max_new_tokens) but "
-                             f"the memory budget holds {self.budget.capacity} tokens of K/V "
-                             f"({size(self.budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
-
-    def _place(self, group: deque[int]):
-        """The answer node of the group's next prompt placed in the row, or None."""
-        index, forest, room = group[0], self.forest, self.room
-        prompt = self.prompts[index]
-        if not self.live and not self.starting and not forest.roots:  # an empty row: anything that fits
-            return forest.admit(index, prompt, room)
-        spare = min(len(group) - 1, SHARE - 1) * room
-        if not forest.resident(prompt):
-            return forest.admit(index, prompt, room, spare=spare)
-        return forest.admit(index, prompt, room) or forest.admit(index, prompt, room, copy=True, spare=spare)
-
-    def _refill_due(self) -> bool:
-        """Whether enough of the row is free to admit: an eighth of its slots, or, where the stream limit stopped
-        the last admission, an eighth of its streams (admitting for every finished stream would make every
-        round a prefill round)."""
-        if not self.refill:
-            return False
-        free_slots = self.budget.capacity - self.forest.used()
-        free_streams = self.budget.streams - self.live
-        due = free_slots * REFILL_FRACTION >= self.budget.capacity
-        return due or (self.stream_bound and free_streams * REFILL_FRACTION >= self.budget.streams)
 
     def _snapshot(self) -> None:
         runner = self.runner
@@ -236,7 +184,7 @@ class RefillEngine:
         answers = cohort.out[rows, : cohort.step].tolist()
         for row, tokens in zip(rows, answers):
             index = cohort.streams[row]
-            self.forest.release(index)
+            self.admission.release(index)
             yield index, tokens
         keep = [not f for f in flags]
         cohort.drop(torch.tensor(keep, device=self.runner.device), keep)
