@@ -68,8 +68,11 @@ def answer_share(
     template, use_chat_template and system_prompt.  corpus_options: `answer_corpus`'s others.
     """
     rows = [as_record(record, f"record {i}") for i, record in enumerate(records)]
-    weights = [document_tokens(tokenizer, document, questions, **render) for _, document, questions in rows]
-    share = balanced_split(weights, state.num_processes)[state.process_index]
+    if state.num_processes == 1:  # alone: the whole corpus, without tokenizing it once more to weigh it
+        share = range(len(rows))
+    else:
+        weights = [document_tokens(tokenizer, document, questions, **render) for _, document, questions in rows]
+        share = balanced_split(weights, state.num_processes)[state.process_index]
     mine = [{"id": i if rows[i][0] is None else rows[i][0], "document": rows[i][1], "questions": rows[i][2]}
             for i in share]  # fmt: skip
     for result in answer_corpus(model, tokenizer, mine, **render, **corpus_options):
