@@ -24,7 +24,8 @@ def _compiled_graphs() -> int:
 @pytest.fixture(scope="module")
 def llama():
     torch._dynamo.reset()
-    yield tiny_model("llama")
+    # on CUDA where there is one: the Triton kernel runs on the CPU only under TRITON_INTERPRET=1 (the CPU runs')
+    yield tiny_model("llama").to("cuda" if torch.cuda.is_available() else "cpu")
     torch._dynamo.reset()
 
 
