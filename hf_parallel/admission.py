@@ -8,8 +8,10 @@ fit: a document continues after its resident prefix; once no room is left there,
 prompt takes a copy of the prompt elsewhere (a question's region must come after its
 document's slots, since causality is by slot); a document that is not resident starts only
 where the answer room of `SHARE` of its prompts is free too, so that it is not left with
-room for one question after it.  An empty row takes any prompt that fits it.  With
-`refill=False` prompts are admitted only into an empty row (static waves).
+room for one question after it; once one document cannot start, the documents after it wait
+(only resident ones go on), so a round does not try every waiting document of a large corpus.
+An empty row takes any prompt that fits it.  With `refill=False` prompts are admitted only
+into an empty row (static waves).
 """
 
 from __future__ import annotations
@@ -44,8 +46,11 @@ class Admission:
         """
         if not self.waiting or (live and not self._due(live)):
             return []
-        admitted, collected, blocked = [], False, False
+        admitted, collected, blocked, starts_fail = [], False, False, False
         for group in self.waiting:
+            resident = self.forest.resident(self.prompts[group[0]])
+            if starts_fail and not resident:  # one document could not start: later ones wait (no scan of them all)
+                continue
             while group and live + len(admitted) < self.budget.streams:
                 answer = self._place(group, live + len(admitted))
                 if answer is None and not collected:  # free the unused prefixes (reused while resident) and retry
@@ -57,6 +62,7 @@ class Admission:
             blocked = live + len(admitted) == self.budget.streams
             if blocked or (group and not live and not admitted):
                 break
+            starts_fail |= bool(group) and not resident
         self.stream_bound = blocked
         self.waiting = deque(g for g in self.waiting if g)
         self.forest.collect()
