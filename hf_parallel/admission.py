@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .budget import RowBudget, size
+from .budget import RowBudget, too_large
 from .rowlayout import Forest, Node
 
 REFILL_FRACTION = 8  # admit once 1/8 of the row's slots (or, stream-bound, its streams) are free
@@ -68,9 +68,7 @@ class Admission:
         self.forest.collect()
         if not live and not admitted and self.waiting:
             index = self.waiting[0][0]
-            raise ValueError(f"prompt {index} needs {len(self.prompts[index]) + self.room} slots (its tokens plus "
-                             f"max_new_tokens) but the memory budget holds {self.budget.capacity} tokens of K/V "
-                             f"({size(self.budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
+            raise too_large(index, len(self.prompts[index]) + self.room, self.budget)
         return admitted
 
     def release(self, index: int) -> None:

@@ -76,6 +76,13 @@ def row_budget(model: PreTrainedModel, support: Support, chunk: int, max_memory=
     return RowBudget(int(capacity), streams, total)
 
 
+def too_large(index: int, slots: int, budget: RowBudget) -> ValueError:
+    """The error for prompt `index`: it needs `slots` (its tokens plus max_new_tokens), more than a row of `budget`."""
+    return ValueError(f"prompt {index} needs {slots} slots (its tokens plus max_new_tokens) but the memory budget "
+                      f"holds {budget.capacity} tokens of K/V ({size(budget.bytes)}); raise max_memory or lower "
+                      "max_new_tokens")  # fmt: skip
+
+
 def size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 

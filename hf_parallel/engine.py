@@ -27,9 +27,6 @@ from .rowlayout import Node
 from .runner import Runner
 from .sampling import Sampler
 
-REFILL_FRACTION = 8  # refill once 1/8 of the row's streams (or its slots) are free, and not for every stream
-SHARE = 2  # a document starts (or is copied) only where the room of this many of its prompts' answers is free too
-
 
 class Cohort:
     """Streams that started in the same round: their rows, answer slots, processors and tokens so far."""

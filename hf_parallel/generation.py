@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from .attention import AttentionBackend, resolve_backend
-from .budget import RowBudget, row_budget, size
+from .budget import RowBudget, row_budget, too_large
 from .engine import RefillEngine
 from .inputs import as_token_lists, check_tokens
 from .layout import Layout, build_layout
@@ -147,9 +147,7 @@ def _waves(streams, order: list[int], room: int, budget: RowBudget) -> Iterator[
                 yield wave
             forest, wave = Forest(budget.capacity), []
             if forest.admit(index, streams[index], room) is None:
-                raise ValueError(f"prompt {index} needs {len(streams[index]) + room} slots (its tokens plus "
-                                 f"max_new_tokens) but the memory budget holds {budget.capacity} tokens of K/V "
-                                 f"({size(budget.bytes)}); raise max_memory or lower max_new_tokens")  # fmt: skip
+                raise too_large(index, len(streams[index]) + room, budget)
         wave.append(index)
     if wave:
         yield wave
