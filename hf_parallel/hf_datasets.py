@@ -54,8 +54,7 @@ def answer_dataset(
     answers = [None] * len(documents)
     render = {"template": template, "use_chat_template": use_chat_template, "system_prompt": system_prompt}
     state = process_state()
-    header = _header(model, documents, questions, render, options)
-    done = _Checkpoint(checkpoint, header, state) if checkpoint else None
+    done = _Checkpoint(checkpoint, _header(model, documents, questions, render, options), state) if checkpoint else None
     todo = []
     for rows in _documents(documents):
         if done is not None and rows[0] in done.answers:
