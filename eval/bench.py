@@ -15,6 +15,10 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
+  pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
+  generate_batch  Transformers' continuous batching: `model.generate_batch` on every prompt, paged attention with
+               prefix block sharing on (`--generate-batch extrapolate`, the default: timed at 4 and 16 answer
+               tokens after an untimed run, extended linearly; `full`: every token)
 
 and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting
 weights + the document KV once + each stream's own KV per step (and the FLOPs).
@@ -67,6 +71,7 @@ METHODS = {  # generate_tokens options, and whether the layout is the paper's in
     "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1)), False),
     "pp_interleaved": (dict(attn="triton"), True),
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
+    "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
 }
 
 
@@ -230,6 +235,35 @@ def run_stock_tuned(model, prompts, work: Workload, rows: int, compile: bool | N
                 dummy_rows=len(chunks) * rows - len(prompts), graphs_compiled_in_timing=graphs_timed)  # fmt: skip
 
 
+def run_generate_batch(model, prompts, work: Workload, mode: str = "extrapolate") -> dict:
+    """`model.generate_batch` (continuous batching, paged attention, prefix block sharing) on every prompt, greedy,
+    every answer forced to its length; transformers 5.17 takes the sharing switch on the generation config, 5.24
+    on a ContinuousBatchingConfig."""
+    import inspect
+
+    def run(n: int) -> float:
+        config = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,
+                                               pad_token_id=0)  # fmt: skip
+        kwargs = {}
+        if "continuous_batching_config" in inspect.signature(model.generate_batch).parameters:
+            kwargs["continuous_batching_config"] = transformers.ContinuousBatchingConfig(allow_block_sharing=True)
+        else:
+            for name in ("allow_block_sharing", "allow_prefix_sharing"):
+                setattr(config, name, True)
+        seconds, out = timed(lambda: model.generate_batch(inputs=prompts, generation_config=config, **kwargs))
+        lengths = {len(o.generated_tokens) for o in out.values()}
+        assert len(out) == len(prompts) and lengths == {n}, (len(out), lengths)
+        return seconds
+
+    run(4)  # warm-up: the paged cache, kernels (and graphs)
+    if mode == "full":
+        return dict(total_s=run(work.answer_tokens), extrapolated=False)
+    short, long = 4, 16
+    t_short, t_long = run(short), run(long)
+    total = t_short + (t_long - t_short) / (long - short) * (work.answer_tokens - short)
+    return dict(total_s=total, extrapolated=True, measured_s={short: t_short, long: t_long})
+
+
 def stock_rows(config, work: Workload, most: int, budget_bytes: float = 64e9) -> int:
     """Rows per stock chunk: at most `most`, and the copied document KV within `budget_bytes`."""
     head_dim = config.hidden_size // config.num_attention_heads
@@ -377,8 +411,8 @@ def plot(results: list[dict], path: Path) -> None:
         {r["model"] + " | " + r["workload"] for r in results},
         key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
     )
-    methods = [m for m in ["stock", "stock_tuned", "pp_reference", "pp_interleaved", "pp_p1", "pp_triton",
-                           "pp_triton_compiled", "roofline"]
+    methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
+                           "pp_kernel_prefill", "pp_triton", "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)
@@ -400,14 +434,16 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def table(results: list[dict]) -> str:
-    rows = ["| model | workload | method | total s | decode s | vs stock | vs stock tuned | vs P=1 | roofline s "
-            "| roofline / time |", "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    rows = ["| model | workload | method | total s | decode s | vs stock | vs stock tuned | vs generate_batch | vs P=1 "
+            "| roofline s | roofline / time |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for r in results:
         vs = functools.partial(_ratio, results, r)
         stock = vs("stock_full") if vs("stock_full") != "-" else vs("stock")  # every chunk run, where there is one
         how = " (extrap.)" if r.get("extrapolated") else " (per chunk)" if r.get("per_chunk") else ""
         rows.append(f"| {r['model']} | {r['workload']} | {r['method']}{how} "
                     f"| {r['total_s']:.2f} | {r.get('decode_s', float('nan')):.2f} | {stock} | {vs('stock_tuned')} "
+                    f"| {vs('generate_batch')} "
                     f"| {vs('pp_p1')} | {r['roofline_s']:.2f} | {r['roofline_s'] / r['total_s']:.2f} |")  # fmt: skip
     return "\n".join(rows)
 
@@ -440,6 +476,12 @@ def main(argv: list[str] | None = None) -> None:
         help="how `stock` is timed (see run_stock); `stock_full` always runs every chunk",
     )
     parser.add_argument("--stock-rows", type=int, default=16, help="rows per stock generate call")
+    parser.add_argument(
+        "--generate-batch",
+        choices=["extrapolate", "full"],
+        default="extrapolate",
+        help="how `generate_batch` is timed (see run_generate_batch)",
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="scale document lengths (for quick checks)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--book", type=Path, default=BOOK, help="War and Peace (gzip); default ../shared/data/")
@@ -484,6 +526,8 @@ def main(argv: list[str] | None = None) -> None:
                         res = run_stock(model, prompts, work, rows, "full" if method == "stock_full" else args.stock)
                     elif method == "stock_tuned":
                         res = run_stock_tuned(model, prompts, work, stock_rows(model.config, work, args.stock_rows))
+                    elif method == "generate_batch":
+                        res = run_generate_batch(model, prompts, work, args.generate_batch)
                     else:
                         res = run_pp(model, prompts, work, METHODS[method])
                 except Exception as err:  # report and go on: one failure must not lose the other figures

@@ -15,7 +15,8 @@
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
    own KV, q and o; bandwidth is against the copy bandwidth measured in the same run.
-   Also the last 2048-token prefill chunk of the document (causal), kernel configs vs SDPA.
+   Also the last 2048-token prefill chunk of the document (causal), kernel configs vs SDPA, and the backend
+   as a prefill forward runs it (the document's run through causal SDPA).
 Results: results.json and summary.md under --out.
 """
 
@@ -39,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
-from hf_parallel.attention.triton import KernelConfig, default_config, stream_attention  # noqa: E402
+from hf_parallel.attention.triton import KernelConfig, TritonBackend, default_config, stream_attention  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
+from hf_parallel.plan import AttentionPlan, Row, SlotIds  # noqa: E402
 
 SHAPES = {"codellama-7b": (32, 32, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, KV heads, head dim
 DOC, QUESTION, ANSWER = 8192, 32, 96  # own region = QUESTION + ANSWER = 128 slots
@@ -230,6 +231,16 @@ def bench_prefill(ceiling) -> list[dict]:
     err = (flash[0]().transpose(1, 2).float() - want.float()).abs().max().item()
     us = measure(flash)
     rows.append({"method": "prefill_sdpa_causal", "us": round(us, 1), "TFLOP/s": round(flops / us / 1e6, 1),
+                 "err": round(err, 4)})  # fmt: skip
+    print("   ", rows[-1])
+    # the backend as a forward runs it: its plan finds the document run and sends it through causal SDPA
+    backend = TritonBackend()
+    backend_plan = backend.plan(Row(layout, ids, DOC, group=heads // kv_heads), q_slot)
+    assert backend_plan.runs and backend_plan.run_tiles.num_tiles == 0
+    through = [lambda: backend.attention(MODULE, q, k, v, None, pp_plan=backend_plan)[0]]
+    err = (through[0]().float() - want.float()).abs().max().item()
+    us = measure(through)
+    rows.append({"method": "prefill_backend", "us": round(us, 1), "TFLOP/s": round(flops / us / 1e6, 1),
                  "err": round(err, 4)})  # fmt: skip
     print("   ", rows[-1])
     for block_m, block_n, warps, stages in [(None, None, None, None), (128, 64, 8, 2), (128, 64, 8, 3),

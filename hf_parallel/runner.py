@@ -29,7 +29,7 @@ from .sampling import Sampler
 from .session import Session
 from .support import Support, check_support, use_model
 
-RECOMPILE_LIMIT = 64  # compiled graphs of the model's call: one per bucket (per live count without CUDA graphs)
+RECOMPILE_LIMIT = 64  # compiled graphs of the model's call (at most three: see `_compiled_model_call`)
 
 
 class Runner:
@@ -215,7 +215,10 @@ def compiled_call(model: PreTrainedModel):
 
 @functools.cache
 def _compiled_model_call():
-    return torch.compile(_call_model, dynamic=False)
+    """Dynamo's automatic dynamic shapes: the first live count compiles static, the second recompiles with the
+    token count symbolic, and that graph serves every later count but one (sizes 0 and 1 specialize), so a call
+    whose streams stop one by one compiles at most three graphs, not one per bucket."""
+    return torch.compile(_call_model, dynamic=None)
 
 
 def _call_model(model, **kwargs):

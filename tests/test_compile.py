@@ -1,6 +1,7 @@
 """`compile=True`: decode steps through `torch.compile` of the model (the Triton kernel an opaque custom op) give
-plain `model.generate`'s tokens, and steps of one live-stream count reuse one compiled graph (no per-step
-recompilation: the compiled plan spans the whole row)."""
+plain `model.generate`'s tokens, steps of one live-stream count reuse one compiled graph (no per-step
+recompilation: the compiled plan spans the whole row), and a call compiles at most three graphs however many
+live counts it has (the token count is a dynamic dimension after the first recompilation)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def llama():
 
 
 @pytest.mark.parametrize("attn", ATTNS)
-def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, attn):
+def test_compiled_steps_match_generate_and_compile_at_most_three_graphs(llama, attn):
     gen = torch.Generator().manual_seed(3)
     doc = random_tokens(30, gen)
     prompts = [doc + random_tokens(1 + (3 * i) % 5, gen) for i in range(5)]
@@ -40,26 +41,26 @@ def test_compiled_steps_match_generate_and_compile_once_per_live_count(llama, at
     got = generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, attn=attn)
     assert got == [generate_alone(llama, p, 9, eos) for p in prompts]
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 9)} - {0})
-    assert 0 < _compiled_graphs() - before <= live_counts  # one graph per live count, not one per step
+    assert 0 < _compiled_graphs() - before <= min(3, live_counts)  # not one per step, nor one per live count
     before = _compiled_graphs()
     assert generate_tokens(llama, prompts, max_new_tokens=9, eos_token_id=eos, compile=True, attn=attn) == got
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 
 def test_compiled_steps_pass_dynamo_recompile_limit(llama):
-    """Every live count (every bucket, with CUDA graphs) compiles, past dynamo's recompile limit (default 8,
-    set to 1 here): 256 streams stopping at their own steps need nine buckets."""
-    gen = torch.Generator().manual_seed(5)
+    """Every live count runs compiled, past dynamo's recompile limit (default 8, set to 1 here), and five live
+    counts compile three graphs: the first count static, one with the token count dynamic, and count 1."""
+    gen = torch.Generator().manual_seed(7)  # live counts 6, 4, 3, 2 (streams stop at steps 2 to 6)
     doc = random_tokens(20, gen)
-    prompts = [doc + random_tokens(1 + i % 3, gen) for i in range(4)]
+    prompts = [doc + random_tokens(1 + i % 3, gen) for i in range(6)]
     free = [generate_alone(llama, p, 6, None) for p in prompts]
-    eos = sorted({free[0][1], free[1][3]})
+    eos = sorted({free[0][1], free[1][2], free[2][3], free[3][4]})
     before = _compiled_graphs()
     with torch._dynamo.config.patch(recompile_limit=1):
         got = generate_tokens(llama, prompts, max_new_tokens=6, eos_token_id=eos, compile=True)
     assert got == [generate_alone(llama, p, 6, eos) for p in prompts]
     live_counts = len({sum(len(g) > step for g in got) for step in range(1, 6)} - {0})
-    assert live_counts >= 2 and _compiled_graphs() - before == live_counts
+    assert live_counts >= 4 and _compiled_graphs() - before <= 3
 
 
 @pytest.mark.slow

@@ -359,6 +359,70 @@ def test_backend_plans_once_and_every_layer_runs_on_it(streams_per_tile):
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
+# -- causal runs: a prefill forward's document tokens through causal SDPA, the rest through the kernel --
+
+RUN = tile_plans.MIN_CAUSAL_RUN
+
+
+def two_documents(seed: int, max_new_tokens: int = 4):
+    """Two documents of RUN + 40 tokens, the first with three questions (the second question long enough to be a
+    run of its own, but its slots do not follow its document's), the second with one."""
+    gen = torch.Generator().manual_seed(seed)
+    doc, other = random_tokens(RUN + 40, gen), random_tokens(RUN + 40, gen)
+    prompts = [doc + random_tokens(3, gen), doc + random_tokens(RUN + 5, gen), doc + random_tokens(2, gen),
+               other + random_tokens(4, gen)]  # fmt: skip
+    return build_layout(prompts, max_new_tokens), prompts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=str)
+@pytest.mark.parametrize("chunk", ["whole", "tail", "mixed"])
+def test_causal_runs_through_sdpa_match_the_reference(chunk, heads, dtype):
+    layout, prompts = two_documents(seed=len(chunk))
+    slots = layout.prompt_slots()[0]
+    doc_len = len(prompts[0]) - 3
+    q_slot = {"whole": slots, "tail": slots[doc_len - RUN - 20 : doc_len], "mixed": slots[doc_len - RUN - 8 :]}[chunk]
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=heads[0] // heads[1])
+    plan = TritonBackend().plan(row, q_slot.to(DEVICE))
+    runs = [(r.first, r.stop, r.key_start) for r in plan.runs]
+    if chunk == "tail":  # a later chunk of the document: its queries see the chunks before (bottom-right causal)
+        assert runs == [(0, RUN + 20, 0)]
+    else:  # each document's tokens; not the long question, whose slots follow its sibling's
+        first_doc = [(0, doc_len, 0)] if chunk == "whole" else [(0, RUN + 8, 0)]
+        other = layout.segments[layout.prompt_ends[3]]  # the second document and its question: one segment
+        at = int((q_slot == other.slot_start).nonzero())
+        assert runs == first_doc + [(at, at + len(prompts[3]), other.slot_start)]
+    in_tiles = {int(n) for n in plan.run_tiles.tile_query.flatten() if n >= 0}
+    assert in_tiles == set(range(len(q_slot))) - {n for a, b, _ in runs for n in range(a, b)}
+    q, k, v = random_qkv(plan, *heads, 16 if not CUDA else 128, dtype, seed=1)
+    atol, rtol = TOLERANCE[dtype]
+    for window in (None, 50):  # a sliding window: the kernel computes every query
+        out = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan, sliding_window=window)[0]
+        want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, sliding_window=window)
+        torch.testing.assert_close(out.float(), want[0], atol=atol, rtol=rtol)
+
+
+def test_decode_steps_and_short_documents_have_no_runs():
+    layout, _ = two_documents(seed=3)
+    assert tile_plans.causal_runs(layout, layout.answer_slots[:, 0]) == ()
+    short = doc_questions(3, seed=1)  # a DOC-token document: shorter than a run
+    assert tile_plans.causal_runs(short, short.prompt_slots()[0]) == ()
+    interleaved, _ = build_layout([[1] * (RUN + 3) + [2]], 3, interleaved=True), None
+    assert tile_plans.causal_runs(interleaved, interleaved.answer_slots[0]) == ()
+
+
+def test_long_documents_generate_as_model_generate():
+    """Prefill through causal SDPA (document tokens) and the kernel (questions), then decode: == model.generate."""
+    model = tiny_model("llama").to(DEVICE)
+    _, prompts = two_documents(seed=5, max_new_tokens=5)
+    opts = GenerationOptions.resolve(model, max_new_tokens=5, eos_token_id=[], cuda_graphs=False, attn="triton",
+                                     prefill_chunk=RUN + 100)  # fmt: skip
+    layout = build_layout(prompts, 5)
+    assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100])  # the SDPA path does run
+    got = Runner(model, layout, opts, TritonBackend()).run()
+    assert got == [generate_alone(model, p, 5) for p in prompts]
+
+
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
 E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("gpt_oss", {}), ("qwen3_5_text", {})]

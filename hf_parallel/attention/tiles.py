@@ -8,6 +8,10 @@ those are the only slots visited, so nothing is scanned and thrown away.  An own
 is clipped in-kernel to its query's slot, so one plan over whole answer regions stays
 valid for every decode step while the set of live streams is unchanged (what a
 captured CUDA graph needs: `TilePlan.allocate` once, `fill_` when streams leave).
+
+A prefill forward's long runs of one segment whose ancestors lie in the slots just before it
+(a document's tokens) see an ordinary causal prefix: `causal_runs` finds them, so that any
+fast causal kernel can serve them, and the tile plan leaves them out (`queries`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,40 @@ from ..layout import Layout
 
 MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
 MIN_DOT_ROWS = 16  # tl.dot's fewest rows
+MIN_CAUSAL_RUN = 256  # queries: a shorter run of one segment stays in the tile plan (one more SDPA call not worth it)
+
+
+@dataclass(frozen=True)
+class CausalRun:
+    """Queries [first, stop) of a forward at slots [key_stop - (stop - first), key_stop), one segment's tokens whose
+    ancestors fill the slots from `key_start` up to it: each query sees keys key_start .. its own slot (causal,
+    aligned at the bottom right)."""
+
+    first: int
+    stop: int
+    key_start: int
+    key_stop: int
+
+
+def causal_runs(layout: Layout, q_slot: torch.Tensor, min_len: int = MIN_CAUSAL_RUN) -> tuple[CausalRun, ...]:
+    """The runs of at least `min_len` consecutive queries at consecutive slots of one segment whose ancestor chain
+    fills the slots just before it (stream-major only: interleaved answers are strided)."""
+    q = q_slot.cpu().numpy().astype(np.int64)
+    if len(q) < min_len:
+        return ()
+    seg = layout.slot_seg.numpy()[q]
+    breaks = np.flatnonzero((np.diff(q) != 1) | (np.diff(seg) != 0)) + 1
+    runs = []
+    for first, stop in zip(np.r_[0, breaks], np.r_[breaks, len(q)]):
+        if stop - first < min_len:
+            continue
+        chain = [layout.segments[s] for s in layout.ancestors(int(seg[first]))]
+        if any(c.slot_start < 0 for c in chain) or any(
+            a.slot_start + a.length != b.slot_start for a, b in zip(chain[:-1], chain[1:])
+        ):
+            continue
+        runs.append(CausalRun(int(first), int(stop), chain[0].slot_start, int(q[stop - 1]) + 1))
+    return tuple(runs)
 
 
 @dataclass
@@ -93,17 +131,22 @@ class TilePlan:
 def build_tile_plan(
     layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
     streams_per_tile: int | None = None, device: torch.device | str | None = None,
+    skip: tuple[CausalRun, ...] = (),
 ) -> TilePlan:  # fmt: skip
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
     group: query heads per KV head.  block_m: rows per tile (default: 64, or the smallest
     power of two >= 16 holding the fullest tile; pass it to match preallocated buffers).
     streams_per_tile: most distinct segments (streams) per tile; None = as many as fit.
+    skip: runs of queries another kernel computes (no tile holds them).
     """
     q_slot = q_slot.cpu().numpy().astype(np.int64)
     q_seg = layout.slot_seg.numpy()[q_slot]
     rows = _block_m(group, block_m)
-    tiles = _group_queries(q_seg, rows // group, streams_per_tile)
+    planned = np.ones(len(q_slot), dtype=bool)
+    for run in skip:
+        planned[run.first : run.stop] = False
+    tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
     if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
         rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
     ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
@@ -124,10 +167,12 @@ def _dot_rows(rows: int) -> int:
     return max(MIN_DOT_ROWS, triton.next_power_of_2(rows))
 
 
-def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None) -> list[list[int]]:
-    """Queries in pre-order of their segment (so one subtree's streams share tiles), cut into tiles."""
+def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None,
+                   planned: np.ndarray) -> list[list[int]]:  # fmt: skip
+    """The planned queries in pre-order of their segment (so one subtree's streams share tiles), cut into tiles."""
     tiles, members, segs = [], [], set()
-    for n in np.argsort(q_seg, kind="stable").tolist():
+    order = np.argsort(q_seg, kind="stable")
+    for n in order[planned[order]].tolist():
         new_stream = q_seg[n] not in segs
         if len(members) == per_tile or (new_stream and streams_per_tile and len(segs) == streams_per_tile):
             tiles.append(members)

@@ -3,6 +3,8 @@
 `TritonBackend.plan` builds the forward's tile plan (which KV slot ranges each row tile
 visits) once on the host; every layer's launch reuses it.  A captured decode step keeps
 its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when streams leave.
+A prefill forward's document tokens see an ordinary causal prefix: there PyTorch's causal
+SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 import triton
+from torch.nn.attention.bias import causal_lower_right
 
 from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .backend import AttentionBackend
 from .reference import check_attention_call, plan_on
-from .tiles import TilePlan, build_tile_plan
+from .tiles import CausalRun, TilePlan, build_tile_plan, causal_runs
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -28,9 +32,17 @@ MAX_SPLITS = 16
 
 @dataclass
 class TritonPlan(AttentionPlan):
-    """A plan with the forward's tile plan, built before the forward (every layer reuses it)."""
+    """A plan with the forward's tile plan, built before the forward (every layer reuses it).
+
+    tiles:     every query's row tiles.
+    runs:      runs of queries that see a plain causal prefix (a document's tokens), for causal SDPA.
+    run_tiles: the row tiles of the other queries (None without runs).  A layer with a sliding
+               window, a softcap or sinks, which plain SDPA does not take, runs `tiles` instead.
+    """
 
     tiles: TilePlan | None = None
+    runs: tuple[CausalRun, ...] = ()
+    run_tiles: TilePlan | None = None
 
 
 class TritonStaticPlan:
@@ -55,15 +67,17 @@ class TritonBackend(AttentionBackend):
 
     streams_per_tile: most streams packed into one row tile (None: as many as fit).  `1` reads
         the document once per stream, as a prefix-caching server does: the benchmark's P = 1.
+    causal_prefill: a prefill forward's document tokens through causal SDPA (False: the kernel
+        computes every query; the benchmark's ablation).
     """
 
     name = "hf_parallel_triton"
     prefill_chunk = 8192  # no mask to bound it, and fewer forwards cost less host time (benchmarked)
 
-    def __init__(self, streams_per_tile: int | None = None):
+    def __init__(self, streams_per_tile: int | None = None, causal_prefill: bool = True):
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
-        self.streams_per_tile = streams_per_tile
+        self.streams_per_tile, self.causal_prefill = streams_per_tile, causal_prefill
 
     def attention(
         self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -77,12 +91,18 @@ class TritonBackend(AttentionBackend):
         sinks = kwargs.get("s_aux")
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
             return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks), None
-        out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks)
+        if pp_plan.runs and sliding_window is None and softcap is None and sinks is None:
+            out = stream_attention(query, key, value, pp_plan, pp_plan.run_tiles, scaling, runs=pp_plan.runs)
+        else:
+            out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks)
         return out, None
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
-        tiles = build_tile_plan(row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
-        return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=tiles)
+        args = (row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
+        runs = causal_runs(row.layout, q_slot) if self.causal_prefill else ()
+        run_tiles = build_tile_plan(*args, skip=runs) if runs else None
+        return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
+                                    run_tiles=run_tiles)  # fmt: skip
 
     def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
         return TritonStaticPlan(self, row, bucket)
@@ -139,7 +159,7 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
     splits = 1
     if query.device.type == "cuda":
         sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-        programs = tiles.num_tiles * key.shape[1]
+        programs = max(1, tiles.num_tiles) * key.shape[1]
         splits = max(1, min(MAX_SPLITS, (2 * sms) // programs, key.shape[2] // (4 * block_n)))  # >= 4 KV tiles each
     return KernelConfig(block_n, splits, num_warps=4 if tiles.block_m <= 64 else 8, num_stages=stages)
 
@@ -148,11 +168,13 @@ def stream_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
+    runs: tuple[CausalRun, ...] = (),
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
 
     sinks: [H] attention-sink logits (gpt-oss), or None.  With more than one KV split per tile,
-    each split writes a partial output and `combine_splits` merges them.
+    each split writes a partial output and `combine_splits` merges them.  runs: queries that
+    `tiles` leaves out, each run a causal prefix, through causal SDPA (no window, softcap or sinks).
     """
     _check_inputs(query, key, value, plan, tiles)
     if sinks is not None:
@@ -166,18 +188,38 @@ def stream_attention(
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
     part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
     scale = scaling if scaling is not None else dim**-0.5
+    if runs and (sliding_window is not None or softcap is not None or sinks is not None):
+        raise ValueError("causal runs go through plain SDPA, which takes no sliding window, softcap or sinks")
     with _on_device(query.device):  # Triton launches on the current device: a layer's may be another GPU
-        _launch(
-            query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window,
-            sinks,
-        )  # fmt: skip
-        if splits > 1:
+        if tiles.num_tiles:
+            _launch(
+                query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window,
+                sinks,
+            )  # fmt: skip
+        if splits > 1 and tiles.num_tiles:
             block_d = max(16, triton.next_power_of_2(dim))
             kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
                 part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
                 HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
             )  # fmt: skip
+    for run in runs:  # after the kernel: combine_splits writes every row
+        out[0, run.first : run.stop] = causal_attention(query, key, value, run, scale).transpose(0, 1)
     return out
+
+
+def causal_attention(query, key, value, run: CausalRun, scale: float) -> torch.Tensor:
+    """[H, n, D]: the run's queries over keys run.key_start .. each query's slot, by PyTorch's causal SDPA (flash
+    attention on the GPU).  A run that starts after its first key is aligned at the bottom right."""
+    q = query[:, :, run.first : run.stop]
+    k, v = key[:, :, run.key_start : run.key_stop], value[:, :, run.key_start : run.key_stop]
+    if q.shape[2] == k.shape[2]:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    else:  # the bottom-right causal bias dispatches without grouped-query support: K/V repeated per query head
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]), scale=scale)
+    return out[0]
 
 
 def _on_device(device: torch.device):

@@ -1,0 +1,96 @@
+"""What the first call on a new model costs over the calls after it: Triton's kernel builds, CUDA-graph capture and,
+with `compile=True`, torch.compile, each in a fresh process.
+
+    python eval/first_call.py --model codellama-7b --compile 0 1 --out $OUT/first-call.json
+    python eval/first_call.py --model codellama-7b --compile 1 --out $OUT/first-call-again.json  # a second process
+
+Each `--compile` value runs in a process of its own (started by this script), so nothing of one is warm in the
+next but what lies on disk: Triton's kernel cache and torch.compile's caches (Inductor's FX graph and AOTAutograd
+caches, on by default), which a second run of the script finds.  In each process: `calls` calls of
+`hf_parallel.generate_tokens` on the same prompts (benchmark's workload: a War and Peace slice, forced answer
+tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of
+the others.  Prints and writes one JSON row per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def one_process(args) -> dict:
+    import torch._dynamo.utils
+
+    import hf_parallel
+    from eval.bench import BOOK, Workload, book_tokens, build_model, make_prompts
+
+    device = torch.device(args.device)
+    model = build_model(args.model, device)
+    vocab = model.config.vocab_size
+    work = Workload("first call", args.doc, args.questions, args.answer_tokens)
+    encode = lambda s: [hash(w) % (vocab - 3) + 3 for w in s.split()]  # noqa: E731
+    prompts = make_prompts(book_tokens(None, vocab, args.book or BOOK), work, 0, encode, vocab)
+    times = []
+    for _ in range(args.calls):
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        start = time.perf_counter()
+        out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.answer_tokens, eos_token_id=[],
+                                          compile=bool(args.compile[0]), progress=False)  # fmt: skip
+        torch.cuda.synchronize() if device.type == "cuda" else None
+        times.append(time.perf_counter() - start)
+        assert all(len(o) == args.answer_tokens for o in out)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    steady = min(times[1:])
+    return dict(model=args.model, doc=args.doc, questions=args.questions, answer_tokens=args.answer_tokens,
+                compile=bool(args.compile[0]), call_s=[round(t, 3) for t in times], steady_s=round(steady, 3),
+                first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs,
+                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="codellama-7b")
+    parser.add_argument("--doc", type=int, default=8192)
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--answer-tokens", type=int, default=128)
+    parser.add_argument("--compile", type=int, nargs="+", default=[0, 1], help="0: default, 1: compile=True")
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--book", type=Path, default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(one_process(args)), flush=True)
+        return
+    rows = []
+    for value in args.compile:
+        cmd = [sys.executable, __file__, "--child", "--model", args.model, "--doc", str(args.doc), "--questions",
+               str(args.questions), "--answer-tokens", str(args.answer_tokens), "--compile", str(value), "--calls",
+               str(args.calls), "--device", args.device]  # fmt: skip
+        cmd += ["--book", str(args.book)] if args.book else []
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        row = (
+            json.loads(lines[-1])
+            if proc.returncode == 0 and lines
+            else dict(compile=bool(value), error=proc.stderr[-2000:])
+        )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
