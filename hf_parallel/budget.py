@@ -1,7 +1,8 @@
 """How much of a workload one packed row may hold: slots and live streams from a memory budget.
 
-The budget is the user's `max_memory`, or what the device has free (CUDA: `mem_get_info`;
-CPU: the available physical memory).  From it come the forward's working memory (hidden
+The budget is the user's `max_memory`, or what the device has free (CUDA: `mem_get_info` plus
+the blocks PyTorch's caching allocator holds unused, plus a `Session`'s kept row, which the call
+reuses or frees; CPU: the available physical memory).  From it come the forward's working memory (hidden
 states and MLP activations of the largest forward, and the float32 logits and processed
 scores of every live stream) and the recurrent state of every live stream; the rest holds
 K/V slots at the bytes per slot the support probe measured.
@@ -48,20 +49,26 @@ def parse_memory(value) -> int:
 
 
 def free_memory(device: torch.device) -> int:
-    """Bytes the device has free now."""
+    """Bytes the device has free now for this process: on CUDA what the driver has free and what PyTorch's caching
+    allocator holds unused (a finished call's blocks stay reserved until `torch.cuda.empty_cache()`)."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def row_budget(model: PreTrainedModel, support: Support, chunk: int, max_memory=None,
-               streams: int = MAX_STREAMS) -> RowBudget:  # fmt: skip
-    """The row that fits `max_memory` (bytes or "40GiB"; None: the device's free memory), for at most `streams`
-    live streams (fewer when their working memory would take more than a quarter of the budget).
+               streams: int = MAX_STREAMS, kept: int = 0) -> RowBudget:  # fmt: skip
+    """The row that fits `max_memory` (bytes or "40GiB"; None: the device's free memory and the `kept` bytes of a
+    session's row, which the call reuses or frees), for at most `streams` live streams (fewer when their working
+    memory would take more than a quarter of the budget).
 
     Raises ValueError when not even one stream of one token fits, naming the memory needed.
     """
-    total = parse_memory(max_memory) if max_memory is not None else int(free_memory(model.device) * FREE_FRACTION)
+    if max_memory is not None:
+        total = parse_memory(max_memory)
+    else:
+        total = int((free_memory(model.device) + kept) * FREE_FRACTION)
     config = model.config.get_text_config()
     # a stream's recurrent state, logits and scores (float32), and its token's share of a forward
     per_stream = support.stream_bytes + 2 * 4 * config.vocab_size + _forward_bytes(model, 1)

@@ -92,7 +92,8 @@ class _Call:
             return
         layout = build_layout(self.streams, self.room)
         chunk = self.opts.prefill_chunk_for(self.backend)
-        budget = row_budget(self.model, self.support, chunk, self.opts.max_memory, len(self.streams))
+        kept = self.session.row_bytes() if self.session is not None else 0
+        budget = row_budget(self.model, self.support, chunk, self.opts.max_memory, len(self.streams), kept)
         bar = tqdm(total=len(self.streams), unit="answer", disable=not _show_progress(self.opts.progress))
         with bar:
             if layout.num_slots <= budget.capacity and len(self.streams) <= budget.streams:

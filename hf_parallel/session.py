@@ -45,6 +45,10 @@ class Session:
             self.row = StaticRow.for_layout(self.model, layout, support)
         return self.row
 
+    def row_bytes(self) -> int:
+        """Device bytes the kept row's cache holds (0 without one): a call may reuse or free them."""
+        return self.row.cache.stored_bytes() if self.row is not None else 0
+
     def release(self) -> None:
         """Free the kept row and its captured steps' memory pool."""
         if self.row is not None:

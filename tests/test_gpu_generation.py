@@ -1,5 +1,6 @@
 """On CUDA: captured decode steps (CUDA graphs, reused across calls in a Session), attention sinks, recurrent
-layers and refill give plain `model.generate`'s tokens; a call's memory comes back when it returns."""
+layers and refill give plain `model.generate`'s tokens; a call's memory comes back when it returns, and counts as
+free for the next call's budget."""
 
 from __future__ import annotations
 
@@ -100,3 +101,18 @@ def test_compiled_graphs_match_generate(cuda_model, attn):
     eos = sorted({free[1][3]})
     got = generate_tokens(cuda_model, prompts, max_new_tokens=8, eos_token_id=eos, compile=True, attn=attn)
     assert got == [generate_alone(cuda_model, p, 8, eos) for p in prompts]
+
+
+def test_the_budget_counts_the_allocators_cached_blocks_as_free():
+    """A finished call's blocks stay reserved in PyTorch's caching allocator: the next call's budget counts them
+    as free (else a call after a large one would see a fraction of the GPU and split its work into many rows)."""
+    from hf_parallel.budget import free_memory
+
+    device = torch.device("cuda")
+    torch.cuda.empty_cache()
+    before = free_memory(device)
+    block = torch.empty(4 * 2**30, dtype=torch.uint8, device=device)
+    del block  # freed, but reserved by the allocator
+    assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 4 * 2**30
+    assert free_memory(device) >= before - 2**26
+    torch.cuda.empty_cache()

@@ -405,7 +405,7 @@ def test_causal_runs_through_sdpa_match_the_reference(chunk, heads, dtype):
 def test_decode_steps_and_short_documents_have_no_runs():
     layout, _ = two_documents(seed=3)
     assert tile_plans.causal_runs(layout, layout.answer_slots[:, 0]) == ()
-    short = doc_questions(3, seed=1)  # a DOC-token document: shorter than a run
+    short = build_layout([[1] * (RUN - 1) + [2], [1] * (RUN - 1) + [3]], 3)  # a document one token short of a run
     assert tile_plans.causal_runs(short, short.prompt_slots()[0]) == ()
     interleaved, _ = build_layout([[1] * (RUN + 3) + [2]], 3, interleaved=True), None
     assert tile_plans.causal_runs(interleaved, interleaved.answer_slots[0]) == ()
