@@ -49,8 +49,9 @@ class GenerationOptions:
                        mask's memory bounds the reference's; the Triton path builds no mask).
     cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
     compile:           run decode steps through `torch.compile` of the model (the attention kernel an
-                       opaque op), so the model's own small operations fuse; each new bucket of live
-                       streams compiles once per model (tens of seconds for a 7B model).  Off by default.
+                       opaque op), so the model's own small operations fuse; a call compiles at most three
+                       graphs (the live-stream count turns dynamic), tens of seconds for a 7B model in a
+                       fresh process.  Off by default: the first call would pay it.
     max_memory:        the memory the call's row may take (bytes or a string such as "40GiB"); None = what
                        the device has free.  Work that does not fit is admitted as room frees up.
     refill:            admit waiting prompts into the room finished streams free while the others decode
