@@ -36,6 +36,7 @@ import argparse
 import functools
 import gc
 import gzip
+import inspect
 import json
 import math
 import time
@@ -239,7 +240,6 @@ def run_generate_batch(model, prompts, work: Workload, mode: str = "extrapolate"
     """`model.generate_batch` (continuous batching, paged attention, prefix block sharing) on every prompt, greedy,
     every answer forced to its length; transformers 5.17 takes the sharing switch on the generation config, 5.24
     on a ContinuousBatchingConfig."""
-    import inspect
 
     def run(n: int) -> float:
         config = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None,

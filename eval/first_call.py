@@ -33,7 +33,7 @@ def one_process(args) -> dict:
     import hf_parallel
     from eval.bench import BOOK, Workload, book_tokens, build_model, make_prompts
 
-    device = torch.device(args.device)
+    device, compiled = torch.device(args.device), bool(args.compile[0])  # a child runs one setting
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
     work = Workload("first call", args.doc, args.questions, args.answer_tokens)
@@ -44,14 +44,14 @@ def one_process(args) -> dict:
         torch.cuda.synchronize() if device.type == "cuda" else None
         start = time.perf_counter()
         out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.answer_tokens, eos_token_id=[],
-                                          compile=bool(args.compile[0]), progress=False)  # fmt: skip
+                                          compile=compiled, progress=False)  # fmt: skip
         torch.cuda.synchronize() if device.type == "cuda" else None
         times.append(time.perf_counter() - start)
         assert all(len(o) == args.answer_tokens for o in out)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     steady = min(times[1:])
     return dict(model=args.model, doc=args.doc, questions=args.questions, answer_tokens=args.answer_tokens,
-                compile=bool(args.compile[0]), call_s=[round(t, 3) for t in times], steady_s=round(steady, 3),
+                compile=compiled, call_s=[round(t, 3) for t in times], steady_s=round(steady, 3),
                 first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs,
                 device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")  # fmt: skip
 

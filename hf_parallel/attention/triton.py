@@ -157,9 +157,9 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
     wide = query.dtype == torch.float32 or triton.next_power_of_2(query.shape[-1]) > 128
     block_n, stages = (32, 2) if wide else (64, 3)  # fp32 or head dim 256: registers and shared memory
     splits = 1
-    if query.device.type == "cuda":
+    programs = tiles.num_tiles * key.shape[1]  # none when causal runs take every query: no partial outputs either
+    if query.device.type == "cuda" and programs:
         sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-        programs = max(1, tiles.num_tiles) * key.shape[1]
         splits = max(1, min(MAX_SPLITS, (2 * sms) // programs, key.shape[2] // (4 * block_n)))  # >= 4 KV tiles each
     return KernelConfig(block_n, splits, num_warps=4 if tiles.block_m <= 64 else 8, num_stages=stages)
 
@@ -196,7 +196,7 @@ def stream_attention(
                 query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window,
                 sinks,
             )  # fmt: skip
-        if splits > 1 and tiles.num_tiles:
+        if splits > 1:  # only with tiles (`default_config`)
             block_d = max(16, triton.next_power_of_2(dim))
             kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
                 part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
