@@ -9,7 +9,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   stock_tuned  the same with a static cache and the decode forward compiled (`torch.compile`, CUDA graphs: generate's
                auto-compile on CUDA), every chunk timed, compilation excluded (reported as warmup_s)
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
-  pp_triton    hf_parallel, Triton stream-id kernel, CUDA graphs
+  pp_triton    hf_parallel's default: Triton stream-id kernel, CUDA graphs, the layers' norms and MLPs compiled
+  pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled parts)
   pp_p1        the same kernel with one stream per row tile (each stream reads the document
                itself, as a prefix-caching server does): the ratio isolates reading once
   pp_interleaved  the reference paper's interleaved layout (ablation)
@@ -68,6 +69,7 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
 }  # fmt: skip
 METHODS = {  # generate_tokens options, and whether the layout is the paper's interleaved one (an ablation)
     "pp_triton": (dict(attn="triton"), False),
+    "pp_unfused": (dict(attn="triton", compile=False), False),
     "pp_reference": (dict(attn="reference"), False),
     "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1)), False),
     "pp_interleaved": (dict(attn="triton"), True),
@@ -412,7 +414,7 @@ def plot(results: list[dict], path: Path) -> None:
         key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
-                           "pp_kernel_prefill", "pp_triton", "pp_triton_compiled", "roofline"]
+                           "pp_kernel_prefill", "pp_unfused", "pp_triton", "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

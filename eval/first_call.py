@@ -1,8 +1,9 @@
-"""What the first call on a new model costs over the calls after it: Triton's kernel builds, CUDA-graph capture and,
-with `compile=True`, torch.compile, each in a fresh process.
+"""What the first call on a new model costs over the calls after it: Triton's kernel builds, CUDA-graph capture and
+torch.compile (of the layers' norms and MLPs by default, of the whole step with `compile=True`), each in a fresh
+process.
 
-    python eval/first_call.py --model codellama-7b --compile 0 1 --out $OUT/first-call.json
-    python eval/first_call.py --model codellama-7b --compile 1 --out $OUT/first-call-again.json  # a second process
+    python eval/first_call.py --model codellama-7b --compile auto false true --out $OUT/first-call.json
+    python eval/first_call.py --model codellama-7b --compile auto true --out $OUT/first-call-again.json  # again
 
 Each `--compile` value runs in a process of its own (started by this script), so nothing of one is warm in the
 next but what lies on disk: Triton's kernel cache and torch.compile's caches (Inductor's FX graph and AOTAutograd
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPILE = {"auto": "auto", "layers": "layers", "true": True, "false": False}  # --compile values: generate's option
 sys.path.insert(0, str(ROOT))
 
 
@@ -33,7 +35,7 @@ def one_process(args) -> dict:
     import hf_parallel
     from eval.bench import BOOK, Workload, book_tokens, build_model, make_prompts
 
-    device, compiled = torch.device(args.device), bool(args.compile[0])  # a child runs one setting
+    device, compiled = torch.device(args.device), COMPILE[args.compile[0]]  # a child runs one setting
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
     work = Workload("first call", args.doc, args.questions, args.answer_tokens)
@@ -62,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--doc", type=int, default=8192)
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--answer-tokens", type=int, default=128)
-    parser.add_argument("--compile", type=int, nargs="+", default=[0, 1], help="0: default, 1: compile=True")
+    parser.add_argument("--compile", nargs="+", choices=sorted(COMPILE), default=["auto", "true"],
+                        help="auto: the default; true: compile=True; false: nothing compiled")  # fmt: skip
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--book", type=Path, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for value in args.compile:
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--doc", str(args.doc), "--questions",
-               str(args.questions), "--answer-tokens", str(args.answer_tokens), "--compile", str(value), "--calls",
+               str(args.questions), "--answer-tokens", str(args.answer_tokens), "--compile", value, "--calls",
                str(args.calls), "--device", args.device]  # fmt: skip
         cmd += ["--book", str(args.book)] if args.book else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         row = (
             json.loads(lines[-1])
             if proc.returncode == 0 and lines
-            else dict(compile=bool(value), error=proc.stderr[-2000:])
+            else dict(compile=COMPILE[value], error=proc.stderr[-2000:])
         )
         rows.append(row)
         print(json.dumps(row), flush=True)

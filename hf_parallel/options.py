@@ -48,10 +48,12 @@ class GenerationOptions:
     prefill_chunk:     most prompt tokens per forward; None = the attention path's own (the dense
                        mask's memory bounds the reference's; the Triton path builds no mask).
     cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
-    compile:           run decode steps through `torch.compile` of the model (the attention kernel an
-                       opaque op), so the model's own small operations fuse; a call compiles at most three
-                       graphs (the live-stream count turns dynamic), tens of seconds for a 7B model in a
-                       fresh process.  Off by default: the first call would pay it.
+    compile:           "auto" (default): where decode steps are captured (CUDA), the decoder layers' norms
+                       and dense MLPs through `torch.compile`, one graph per module class that every layer
+                       reuses (seconds on a 7B model, once per process); elsewhere nothing compiled.
+                       "layers": the same on any device.  True: the whole model's decode step compiled
+                       (the attention kernel an opaque op; a call compiles at most three graphs, tens of
+                       seconds for a 7B model in a fresh process).  False: nothing compiled.
     max_memory:        the memory the call's row may take (bytes or a string such as "40GiB"); None = what
                        the device has free.  Work that does not fit is admitted as room frees up.
     refill:            admit waiting prompts into the room finished streams free while the others decode
@@ -67,7 +69,7 @@ class GenerationOptions:
     attn: str | AttentionBackend = "auto"
     prefill_chunk: int | None = None
     cuda_graphs: bool = True
-    compile: bool = False
+    compile: bool | str = "auto"
     max_memory: int | str | None = None
     refill: bool = True
     progress: bool | None = None
@@ -185,7 +187,8 @@ def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer)
 _INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "no_repeat_ngram_size",
          "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
-_BOOLS = ("do_sample", "cuda_graphs", "compile", "refill", "progress")
+_BOOLS = ("do_sample", "cuda_graphs", "refill", "progress")
+COMPILE = (True, False, "auto", "layers")
 
 
 def _check_types(opts: GenerationOptions) -> None:
@@ -202,6 +205,8 @@ def _check_types(opts: GenerationOptions) -> None:
             ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
         if not ok:
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if not any(opts.compile is c or (isinstance(c, str) and opts.compile == c) for c in COMPILE):
+        raise TypeError(f"compile must be True, False, 'auto' or 'layers', got {opts.compile!r}")
     if opts.max_memory is not None:
         parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
     if not isinstance(opts.attn, (str, AttentionBackend)):

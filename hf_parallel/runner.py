@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import AttentionBackend
+from .fusion import RECOMPILE_LIMIT, recompile_limit
 from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
@@ -28,8 +29,6 @@ from .recurrent import SegmentRuns
 from .sampling import Sampler
 from .session import Session
 from .support import Support, check_support, use_model
-
-RECOMPILE_LIMIT = 64  # compiled graphs of the model's call (at most three: see `_compiled_model_call`)
 
 
 class Runner:
@@ -64,7 +63,10 @@ class Runner:
         self.row = Row(layout, ids, capacity, query_group(model.config))
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.compile_failed = False
-        if opts.compile and support.recurrent:
+        # compile="auto": the layers' small operations fused where decode steps are captured (a CUDA graph replays
+        # the fused kernels; elsewhere eager steps would pay the compiled regions' guards on the host)
+        self.fuses = (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not support.recurrent
+        if opts.compile is True and support.recurrent:
             warnings.warn("compile=True is not applied to models with recurrent layers; decoding uncompiled",
                           stacklevel=3)  # fmt: skip
             self.compile_failed = True
@@ -76,7 +78,7 @@ class Runner:
     @torch.inference_mode()
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
-        with use_model(self.model, self.backend, self.support):
+        with use_model(self.model, self.backend, self.support, self.fuses):
             return self.decode(self.prefill())
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
@@ -97,7 +99,7 @@ class Runner:
         keep = keep.tolist() if self.spanning else keep
         kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
                       logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
-        if step and self.opts.compile and not self.compile_failed:
+        if step and self.opts.compile is True and not self.compile_failed:
             try:
                 with recompile_limit(RECOMPILE_LIMIT):
                     return compiled_call(self.model)(**kwargs).logits[0].float()
@@ -184,7 +186,7 @@ class Runner:
             except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
                 warnings.warn(f"CUDA-graph capture of the decode step failed ({err}); decoding eagerly", stacklevel=2)
                 self.static.graphs.failed = True
-        plan = self.plan(q_slot, self.row.capacity if self.opts.compile else None)  # compiled: one kv_len
+        plan = self.plan(q_slot, self.row.capacity if self.opts.compile is True else None)  # compiled: one kv_len
         return self.forward(plan, tokens, torch.arange(len(tokens), device=self.device), step=True)
 
     def _graph_forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -197,14 +199,6 @@ def _last_rows(chunk: torch.Tensor, last: torch.Tensor):
     prompts = torch.nonzero(chunk[idx] == last).flatten()
     rows, inverse = torch.unique(idx[prompts], return_inverse=True)  # duplicate prompts share a row
     return rows, prompts, inverse
-
-
-def recompile_limit(limit: int):
-    """Dynamo's per-function recompile limit raised to at least `limit` (its default, 8, would leave the
-    buckets past the eighth, e.g. the ninth of 256 streams, running uncompiled)."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    return config.patch(**{name: max(getattr(config, name), limit)})
 
 
 def compiled_call(model: PreTrainedModel):

@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from .attention import AttentionBackend, use_attention
 from .attention.reference import ReferenceBackend
 from .cache import PackedCache, PackedLayer
+from .fusion import fusable_parts, fused
 from .placement import placement_problem, spans_devices
 from .recurrent import SegmentedMixer, segmented
 
@@ -62,6 +63,8 @@ class Support:
     stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers), measured by the probe.
     token_by_token: the mixers' multi-token path ignores a start state (Jamba's, Zamba's scan starts from
                  zeros): a segment continuing from a state runs a token at a time.
+    fusable:     names of the decoder layers' norms and dense MLPs, which `compile="layers"` fuses
+                 (`hf_parallel.fusion`).
     """
 
     kinds: list[str]
@@ -71,6 +74,7 @@ class Support:
     slot_bytes: int = 0
     stream_bytes: int = 0
     token_by_token: bool = False
+    fusable: list[str] = field(default_factory=list)
 
     @property
     def recurrent(self) -> bool:
@@ -143,6 +147,7 @@ def _probe(model: PreTrainedModel) -> Support:
     if unwindowed:
         raise refuse(model, "window", f" (layers {unwindowed})")
     support.plan_hooks = sorted({names[m] for m, has_plan in recorder.modules if not has_plan})
+    support.fusable = fusable_parts(model, [m for m, _ in recorder.modules])
     try:
         _check_isolation(model, support)
     except NotImplementedError:
@@ -265,8 +270,9 @@ def _cache_class(model: PreTrainedModel) -> type:
 
 
 @contextlib.contextmanager
-def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support):
-    """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented."""
+def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False):
+    """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
+    with `fuse`, the layers' norms and dense MLPs compiled (`hf_parallel.fusion`)."""
     hooks = [model.get_submodule(name).register_forward_pre_hook(_inject_plan, with_kwargs=True)
              for name in support.plan_hooks]  # fmt: skip
     swapped = []
@@ -276,7 +282,7 @@ def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Suppor
         swapped.append((parent, attr, getattr(parent, attr)))
         setattr(parent, attr, SegmentedMixer(getattr(parent, attr), support.token_by_token))
     try:
-        with use_attention(model, backend):
+        with use_attention(model, backend), fused(model, support.fusable if fuse else []):
             yield
     finally:
         for hook in hooks:

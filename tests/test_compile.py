@@ -1,4 +1,8 @@
-"""`compile=True`: decode steps through `torch.compile` of the model (the Triton kernel an opaque custom op) give
+"""`compile="layers"` (and "auto" where decode steps are captured): the decoder layers' norms and dense MLPs
+compiled, one graph per module class that every layer reuses, give `model.generate`'s tokens and leave the model
+as it was.
+
+`compile=True`: decode steps through `torch.compile` of the model (the Triton kernel an opaque custom op) give
 plain `model.generate`'s tokens, steps of one live-stream count reuse one compiled graph (no per-step
 recompilation: the compiled plan spans the whole row), and a call compiles at most three graphs however many
 live counts it has (the token count is a dynamic dimension after the first recompilation)."""
@@ -8,10 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo.utils
+import transformers
 
 from hf_parallel import generate_tokens
+from hf_parallel.support import check_support
 
-from .conftest import generate_alone, random_tokens, tiny_model
+from .conftest import _COMMON, generate_alone, random_tokens, tiny_model
 
 ATTNS = ["reference", "triton"]
 # a decode step that silently fell back to running uncompiled would pass the token checks: make it fail
@@ -88,3 +94,59 @@ def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
     with pytest.warns(UserWarning, match="torch.compile of the decode step failed"):
         got = generate_tokens(llama, prompts, max_new_tokens=5, eos_token_id=[], compile=True)
     assert got == [generate_alone(llama, p, 5, None) for p in prompts]
+
+
+def _own_forwards(model) -> list[str]:
+    return [name for name, module in model.named_modules() if "forward" in vars(module)]
+
+
+def test_layer_parts_match_generate_and_compile_once_for_every_layer():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**{**_COMMON, "num_hidden_layers": 4}, intermediate_size=128,
+                                      num_key_value_heads=2)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    parts = check_support(model).fusable
+    assert len(parts) == 12 and {type(model.get_submodule(p)).__name__ for p in parts} == {"LlamaRMSNorm", "LlamaMLP"}
+    gen = torch.Generator().manual_seed(2)
+    doc = random_tokens(24, gen)
+    prompts = [doc + random_tokens(2 + i, gen) for i in range(4)]
+    before = _compiled_graphs()
+    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
+    assert got == [generate_alone(model, p, 6, None) for p in prompts]
+    assert 0 < _compiled_graphs() - before <= 2  # one per part class (norm, MLP), not one per layer
+    assert _own_forwards(model) == []  # the compiled forwards were the call's only
+    before = _compiled_graphs()
+    generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
+    assert _compiled_graphs() == before
+
+
+def test_auto_fuses_only_where_steps_are_captured(llama):
+    """The default, compile="auto": on the CPU (eager steps) nothing compiles; on CUDA the layer parts do."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(6)
+    prompts = [random_tokens(10, gen) for _ in range(3)]
+    before = _compiled_graphs()
+    got = generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[])
+    assert got == [generate_alone(llama, p, 4, None) for p in prompts]
+    assert (_compiled_graphs() > before) == (llama.device.type == "cuda")
+    before = _compiled_graphs()
+    generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[], compile=False)
+    assert _compiled_graphs() == before and _own_forwards(llama) == []
+
+
+def test_a_mixture_of_experts_is_left_uncompiled():
+    """gpt-oss: its norms fuse; its experts (tokens routed by value) and its sinks' attention run as they are."""
+    model = tiny_model("gpt_oss")
+    parts = check_support(model).fusable
+    assert parts and all(p.endswith("layernorm") for p in parts)
+    gen = torch.Generator().manual_seed(8)
+    doc = random_tokens(20, gen)
+    prompts = [doc + random_tokens(3, gen) for _ in range(3)]
+    got = generate_tokens(model, prompts, max_new_tokens=5, eos_token_id=[], compile="layers")
+    assert got == [generate_alone(model, p, 5, None) for p in prompts]
+
+
+def test_a_compile_value_not_known_is_refused(llama):
+    with pytest.raises(TypeError, match="compile must be True, False, 'auto' or 'layers'"):
+        generate_tokens(llama, [[5, 6, 7]], max_new_tokens=2, compile="fast")
