@@ -42,6 +42,8 @@ def _as_ids(name: str, seq) -> list[int]:
         return seq.tolist()
     if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
         raise TypeError(f"{name} must be a list of token ids, got {type(seq).__name__} (tokenize text first)")
+    if all(type(t) is int for t in seq):  # the common case, without the ABC checks (bool is not int's type)
+        return list(seq)
     for t in seq:
         if not _is_int(t):
             raise TypeError(f"{name} must hold integer token ids, got {type(t).__name__} {t!r}")

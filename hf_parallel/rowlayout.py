@@ -25,6 +25,7 @@ ancestry, causality by slot, and each new region lies after its ancestors.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -189,18 +190,24 @@ class Forest:
         start = max(interval[0], after)
         if start > interval[0]:  # a piece before `after` stays free
             self.free.insert(best, [interval[0], start])
+            best += 1
         interval[0] = start + size
-        self.free = [f for f in self.free if f[1] > f[0]]
+        if interval[0] >= interval[1]:
+            del self.free[best]
         return start
 
     def _free(self, start: int, end: int) -> None:
-        merged = sorted(self.free + [[start, end]])
-        self.free = []
-        for s, e in merged:
-            if self.free and self.free[-1][1] >= s:
-                self.free[-1][1] = max(self.free[-1][1], e)
-            else:
-                self.free.append([s, e])
+        """Return [start, end) to the sorted, disjoint free list, merged with the intervals it touches."""
+        free = self.free
+        i = bisect.bisect_left(free, [start, end])
+        lo, hi = i, i  # free[lo:hi] merge with the new interval
+        if lo > 0 and free[lo - 1][1] >= start:
+            lo -= 1
+        while hi < len(free) and free[hi][0] <= end:
+            hi += 1
+        if lo < hi:
+            start, end = min(start, free[lo][0]), max(end, free[hi - 1][1])
+        free[lo:hi] = [[start, end]]
 
     def used(self) -> int:
         return self.capacity - sum(e - s for s, e in self.free)

@@ -63,6 +63,22 @@ def test_random_admissions_and_releases(seed):
                 forest.release(resident.pop(0))
         forest.collect()
         check(forest, prompts)
+        assert forest.free == unoccupied(forest)
+
+
+def unoccupied(forest) -> list[list[int]]:
+    """The free list a row must keep: the maximal runs of slots no resident node holds, in slot order."""
+    taken = [False] * forest.capacity
+    for node in forest.nodes():
+        taken[node.slot : node.end] = [True] * node.length
+    runs, start = [], None
+    for slot, used in enumerate(taken + [True]):
+        if not used and start is None:
+            start = slot
+        elif used and start is not None:
+            runs.append([start, slot])
+            start = None
+    return runs
 
 
 def test_a_resident_document_is_reused_and_freed_room_is_taken_again():
