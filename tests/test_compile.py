@@ -20,8 +20,9 @@ from hf_parallel.support import check_support
 from .conftest import _COMMON, generate_alone, random_tokens, tiny_model
 
 ATTNS = ["reference", "triton"]
-# a decode step that silently fell back to running uncompiled would pass the token checks: make it fail
-pytestmark = pytest.mark.filterwarnings("error:torch.compile of the decode step failed")
+# a decode step or a layer part that silently fell back to running uncompiled would pass the token checks: make
+# it fail
+pytestmark = pytest.mark.filterwarnings("error:torch.compile of")
 
 
 def _compiled_graphs() -> int:
@@ -150,3 +151,20 @@ def test_a_mixture_of_experts_is_left_uncompiled():
 def test_a_compile_value_not_known_is_refused(llama):
     with pytest.raises(TypeError, match="compile must be True, False, 'auto' or 'layers'"):
         generate_tokens(llama, [[5, 6, 7]], max_new_tokens=2, compile="fast")
+
+
+def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
+    from hf_parallel import fusion
+
+    def broken(module, *args, **kwargs):
+        raise RuntimeError("backend unavailable")
+
+    classes = {type(llama.get_submodule(p)) for p in check_support(llama).fusable}
+    monkeypatch.setattr(fusion._Fused, "compiled", dict.fromkeys(classes, broken))
+    monkeypatch.setattr(fusion._Fused, "failed", set())
+    gen = torch.Generator().manual_seed(9)
+    prompts = [random_tokens(12, gen) for _ in range(3)]
+    with pytest.warns(UserWarning, match="torch.compile of Llama(RMSNorm|MLP) failed"):
+        got = generate_tokens(llama, prompts, max_new_tokens=5, eos_token_id=[], compile="layers")
+    assert got == [generate_alone(llama, p, 5, None) for p in prompts]
+    assert fusion._Fused.failed == classes and _own_forwards(llama) == []
