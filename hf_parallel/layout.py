@@ -62,6 +62,8 @@ class Layout:
     slot_pos: torch.Tensor = field(default=None, repr=False)
     seg_end: torch.Tensor = field(default=None, repr=False)
     answer_slots: torch.Tensor = field(default=None, repr=False)
+    # segment -> its ancestor chain's extents, as the tile planner needs them (`tiles._chain`), filled as asked
+    chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_prompts(self) -> int:

@@ -191,16 +191,18 @@ def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: 
     """
     found: dict[tuple[int, int], list[int]] = {}  # (start, end) -> [clip, by_ids, segment]
     ends: dict[int, list[int]] = {}  # member -> end slots of the segments it sees
-    for seg in sorted({int(q_seg[n]) for n in members}):
-        own = [n for n in members if q_seg[n] == seg]
-        clip = max(own, key=lambda n: q_slot[n])  # the own segment is seen up to its last query
-        chain = layout.ancestors(seg)
-        for a in chain[:-1]:
-            _add_range(found, layout, a, -1, q_slot)
-        _add_range(found, layout, seg, clip, q_slot)
-        for n in own:
-            ends[members.index(n)] = [c.slot_start + c.length for c in map(layout.segments.__getitem__, chain)
-                                      if c.slot_start >= 0]  # fmt: skip
+    by_seg: dict[int, list[int]] = {}  # segment -> its members' positions in the tile
+    for j, seg in enumerate(q_seg[members].tolist()):
+        by_seg.setdefault(seg, []).append(j)
+    for seg in sorted(by_seg):
+        own = by_seg[seg]
+        clip = members[max(own, key=lambda j: q_slot[members[j]])]  # the own segment is seen up to its last query
+        chain, extents, seen = _chain(layout, seg)
+        for a, extent in zip(chain[:-1], extents[:-1]):
+            _add_range(found, extent, a, -1, q_slot)
+        _add_range(found, extents[-1], seg, clip, q_slot)
+        for j in own:
+            ends[j] = seen
     merged: list[list[int]] = []  # [start, end, clip, by_ids, last segment]
     for (start, end), (clip, by_ids, seg) in sorted(found.items()):
         prev = merged[-1] if merged else None
@@ -218,12 +220,27 @@ def _tile_ranges(layout: Layout, members: list[int], q_slot: np.ndarray, q_seg: 
     return ranges, limits
 
 
-def _add_range(found: dict, layout: Layout, seg: int, clip: int, q_slot: np.ndarray) -> None:
-    s = layout.segments[seg]
+def _chain(layout: Layout, seg: int) -> tuple[list[int], list[tuple[int, int, int]], list[int]]:
+    """`seg`'s ancestors root first, each one's (start, end, by_ids) extent, and the end slots of those laid out
+    stream-major (what a query of `seg` sees of them); once per segment of a layout, kept on it."""
+    got = layout.chains.get(seg)
+    if got is None:
+        chain = layout.ancestors(seg)
+        segments = [layout.segments[a] for a in chain]
+        extents = [_extent(layout, s) for s in segments]
+        got = layout.chains[seg] = (chain, extents, [s.slot_start + s.length for s in segments if s.slot_start >= 0])
+    return got
+
+
+def _extent(layout: Layout, s) -> tuple[int, int, int]:
     if s.slot_start >= 0:
-        start, end, by_ids = s.slot_start, s.slot_start + s.length, 0
-    else:  # interleaved answers are strided: scan every answer slot so far (the paper's layout)
-        start, end, by_ids = int(layout.answer_slots.min()), layout.num_slots, 1
+        return s.slot_start, s.slot_start + s.length, 0
+    # interleaved answers are strided: scan every answer slot so far (the paper's layout)
+    return int(layout.answer_slots.min()), layout.num_slots, 1
+
+
+def _add_range(found: dict, extent: tuple[int, int, int], seg: int, clip: int, q_slot: np.ndarray) -> None:
+    start, end, by_ids = extent
     if (start, end) in found:  # one query sees all of it, or keep the later clipping query
         other = found[(start, end)][0]
         clip = -1 if -1 in (clip, other) else max(clip, other, key=lambda n: q_slot[n])
