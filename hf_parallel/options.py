@@ -75,6 +75,8 @@ class GenerationOptions:
     progress: bool | None = None
 
     def __post_init__(self):
+        if self.compile is None:  # unset, as generate's None: the default
+            self.compile = "auto"
         _check_types(self)
         _refuse_other_methods(self.request)
         requested = self.request.kwargs.get("max_new_tokens", self.max_new_tokens)
@@ -188,7 +190,6 @@ _INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k"
          "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
 _BOOLS = ("do_sample", "cuda_graphs", "refill", "progress")
-COMPILE = (True, False, "auto", "layers")
 
 
 def _check_types(opts: GenerationOptions) -> None:
@@ -205,7 +206,7 @@ def _check_types(opts: GenerationOptions) -> None:
             ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
         if not ok:
             raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
-    if not any(opts.compile is c or (isinstance(c, str) and opts.compile == c) for c in COMPILE):
+    if not (isinstance(opts.compile, bool) or (isinstance(opts.compile, str) and opts.compile in ("auto", "layers"))):
         raise TypeError(f"compile must be True, False, 'auto' or 'layers', got {opts.compile!r}")
     if opts.max_memory is not None:
         parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
