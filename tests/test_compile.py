@@ -17,7 +17,7 @@ import transformers
 from hf_parallel import generate_tokens
 from hf_parallel.support import check_support
 
-from .conftest import _COMMON, generate_alone, random_tokens, tiny_model
+from .conftest import _COMMON, ARCHITECTURES, generate_alone, random_tokens, tiny_model
 
 ATTNS = ["reference", "triton"]
 # a decode step or a layer part that silently fell back to running uncompiled would pass the token checks: make
@@ -168,3 +168,19 @@ def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
         got = generate_tokens(llama, prompts, max_new_tokens=5, eos_token_id=[], compile="layers")
     assert got == [generate_alone(llama, p, 5, None) for p in prompts]
     assert fusion._Fused.failed == classes and _own_forwards(llama) == []
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_family_with_its_layer_parts_compiled_matches_generate(arch):
+    """What the default does on CUDA, on each architecture's tiny model: its own norm and MLP classes compiled
+    (Gemma's 1 + weight, GPT-2's LayerNorm, Phi-3's fused gate-up), the answers unchanged."""
+    model = tiny_model(arch)
+    support = check_support(model)
+    if support.recurrent:
+        pytest.skip("layers with a recurrent state run uncompiled")
+    gen = torch.Generator().manual_seed(1)
+    doc = random_tokens(24, gen)
+    prompts = [doc + random_tokens(2 + i, gen) for i in range(3)]
+    got = generate_tokens(model, prompts, max_new_tokens=5, eos_token_id=[], compile="layers")
+    assert got == [generate_alone(model, p, 5, None) for p in prompts]
+    assert support.fusable and _own_forwards(model) == []
