@@ -68,14 +68,13 @@ class _Fused:
     compiled: dict[type, object] = {}
 
     def __init__(self, module: nn.Module):
-        self.module, self.eager = module, module.forward
-        cls = type(module)
-        if cls not in _Fused.compiled:  # one function per class: Dynamo caches on its code, guards on shapes
-            _Fused.compiled[cls] = torch.compile(cls.forward, dynamic=True, options=OPTIONS)
-        self.fn = _Fused.compiled[cls]
+        self.module, self.eager, self.cls = module, module.forward, type(module)
+        if self.cls not in _Fused.compiled:  # one function per class: Dynamo caches on its code, guards on shapes
+            _Fused.compiled[self.cls] = torch.compile(self.cls.forward, dynamic=True, options=OPTIONS)
+        self.fn = _Fused.compiled[self.cls]
 
     def __call__(self, *args, **kwargs):
-        cls = type(self.module)
+        cls = self.cls
         if cls not in _Fused.failed:
             try:
                 return self.fn(self.module, *args, **kwargs)
