@@ -1,16 +1,17 @@
-"""The decoder layers' small operations fused by `torch.compile`, one region at a time.
+"""The decoder layers' norms fused by `torch.compile`, one module class at a time.
 
 A decode step over 64 streams is mostly weight reads, yet eagerly each layer also runs some thirty small
 kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, cast and scale), each a few
 microseconds even inside a CUDA graph.  Compiling the whole model fuses them but traces every layer
-(tens of seconds on a 7B model).  Here only a layer's parts that hold no attention and no cache are compiled:
-its norms and its dense MLP.  They are the same code in every layer, with other weights, so Dynamo compiles one
-graph per module class (the token count dynamic) and every layer reuses it: seconds, not tens.
+(tens of seconds on a 7B model).  Here only a layer's norms are compiled: they hold no attention and no cache,
+and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class (the
+token count dynamic) and every layer reuses it.  Inductor compiles in this process (`compile_threads=1`): for a
+graph or two that is seconds faster than starting its pool of compile workers.
 
-A part is fusable when it is a norm (no children, only 1-D parameters) or a dense MLP (no parameters of its
-own; children that are `nn.Linear` or parameter-free).  A mixture of experts routes tokens by their values and
-is left as it is.  Inductor emulates eager's rounding after each 16-bit operation (`emulate_precision_casts`),
-so a 16-bit answer moves only by the fused reductions' order.
+A part is fusable when it is a norm: no children, only 1-D parameters.  Dense MLPs were measured compiled too
+(their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
+graph added about 4 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
+(`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ def recompile_limit(limit: int):
 
 
 def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
-    """Names of the fusable parts of the decoder layers that hold the modules in `attention`."""
+    """Names of the norms of the decoder layers that hold the modules in `attention`."""
     names = {module: name for name, module in model.named_modules()}
     layers = {names[m].rpartition(".")[0] for m in attention if m in names and "." in names[m]}
     parts = []
     for layer in sorted(layers, key=_natural):
         for child_name, child in model.get_submodule(layer).named_children():
-            if child not in attention and (_is_norm(child) or _is_dense_mlp(child)):
+            if child not in attention and _is_norm(child):
                 parts.append(f"{layer}.{child_name}")
     return parts
 
@@ -53,12 +54,6 @@ def _natural(name: str):
 def _is_norm(module: nn.Module) -> bool:
     params = list(module.parameters(recurse=False))
     return not list(module.children()) and bool(params) and all(p.dim() == 1 for p in params)
-
-
-def _is_dense_mlp(module: nn.Module) -> bool:
-    children = list(module.children())
-    return (not list(module.parameters(recurse=False)) and any(isinstance(c, nn.Linear) for c in children)
-            and all(isinstance(c, nn.Linear) or not list(c.parameters()) for c in children))  # fmt: skip
 
 
 class _Fused:
@@ -95,7 +90,12 @@ def fused(model: nn.Module, parts: list[str]):
     for module in modules:
         module.forward = _Fused(module)
     try:
-        with recompile_limit(RECOMPILE_LIMIT) if modules else contextlib.nullcontext():
+        if modules:
+            import torch._inductor.config as inductor  # imported only where something compiles
+
+            with recompile_limit(RECOMPILE_LIMIT), inductor.patch(compile_threads=1):
+                yield
+        else:
             yield
     finally:
         for module in modules:

@@ -63,7 +63,7 @@ class Support:
     stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers), measured by the probe.
     token_by_token: the mixers' multi-token path ignores a start state (Jamba's, Zamba's scan starts from
                  zeros): a segment continuing from a state runs a token at a time.
-    fusable:     names of the decoder layers' norms and dense MLPs, which `compile="layers"` fuses
+    fusable:     names of the decoder layers' norms, which `compile="layers"` fuses
                  (`hf_parallel.fusion`).
     """
 
@@ -272,7 +272,7 @@ def _cache_class(model: PreTrainedModel) -> type:
 @contextlib.contextmanager
 def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
-    with `fuse`, the layers' norms and dense MLPs compiled (`hf_parallel.fusion`)."""
+    with `fuse`, the layers' norms compiled (`hf_parallel.fusion`)."""
     hooks = [model.get_submodule(name).register_forward_pre_hook(_inject_plan, with_kwargs=True)
              for name in support.plan_hooks]  # fmt: skip
     swapped = []
