@@ -319,6 +319,46 @@ def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_til
                 assert by_plan == set(mask[n].nonzero().flatten().tolist())
 
 
+def _row_layouts(rng: random.Random):
+    """Stream-major layouts of random prefix trees, built at once and as rows whose prompts came and went."""
+    from hf_parallel.rowlayout import Forest
+
+    yield build_layout(random_tree_prompts(rng), max_new_tokens=rng.randint(1, 5))
+    prompts = random_tree_prompts(rng) + random_tree_prompts(rng)
+    forest, resident = Forest(capacity=rng.randint(40, 120)), []
+    for index, prompt in enumerate(prompts):
+        if forest.admit(index, prompt, 3, copy=rng.random() < 0.2) is not None:
+            resident.append(index)
+        if resident and rng.random() < 0.3:
+            forest.release(resident.pop(rng.randrange(len(resident))))
+            forest.collect()
+    if resident:
+        yield forest.snapshot(3)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_array_planner_gives_the_per_tile_planners_plan(seed, monkeypatch):
+    """Layouts whose segments are slot ranges are planned over whole arrays; the plan (tiles, ranges, clips and
+    limits) is exactly the per-tile planner's, for prefill chunks, decode steps and mixed forwards, with and
+    without causal runs left out."""
+    rng = random.Random(seed)
+    for layout in _row_layouts(rng):
+        prompt = layout.prompt_slots()[0]
+        answers = torch.tensor([layout.segments[a].slot_start for a in layout.answer_segs])
+        mixed = torch.cat([answers[torch.randperm(len(answers))[: rng.randint(1, len(answers))]],
+                           prompt[rng.randrange(len(prompt)) :]])  # fmt: skip
+        for q_slot in (prompt, answers, mixed):
+            group, block_m = rng.choice([(1, None), (2, None), (4, None), (2, 16), (1, 128)])
+            runs = tile_plans.causal_runs(layout, q_slot, min_len=rng.randint(2, 6))
+            got = tile_plans.build_tile_plan(layout, q_slot, group, block_m, skip=runs)
+            with monkeypatch.context() as patch:
+                patch.setattr(tile_plans, "_segment_table", lambda layout: None)
+                want = tile_plans.build_tile_plan(layout, q_slot, group, block_m, skip=runs)
+            assert (got.block_m, got.group, got.max_tile_ranges) == (want.block_m, want.group, want.max_tile_ranges)
+            for name in ("tile_query", "range_ptr", "ranges", "limits"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 def test_launcher_refuses_bad_inputs():
     layout = doc_questions(2, seed=7)
     plan = make_plan(layout, layout.answer_slots[:, 1])

@@ -146,12 +146,96 @@ def build_tile_plan(
     planned = np.ones(len(q_slot), dtype=bool)
     for run in skip:
         planned[run.first : run.stop] = False
-    tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
-    if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
-        rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
-    ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
-    plan = _pack(tiles, ranges, rows, group)
+    table = _segment_table(layout)
+    if streams_per_tile is None and table is not None:  # every segment a slot range of its own: whole arrays
+        order = np.argsort(q_seg, kind="stable")
+        order = order[planned[order]]
+        if block_m is None:
+            rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), rows // group)))
+        plan = _plan_arrays(table, order, q_slot, q_seg, _block_m(group, block_m) // group, rows, group)
+    else:
+        tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
+        if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
+            rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
+        ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
+        plan = _pack(tiles, ranges, rows, group)
     return plan if device is None else plan.to(device)
+
+
+@dataclass(frozen=True)
+class _SegmentTable:
+    """A layout's segments as arrays: chains[s] = s, its parent, ... (-1 padded), and each one's slots."""
+
+    chains: np.ndarray  # [num_segments, depth]
+    start: np.ndarray  # [num_segments] first slot
+    stop: np.ndarray  # [num_segments] one past the last slot
+    parent: np.ndarray  # [num_segments]
+
+
+def _segment_table(layout: Layout) -> _SegmentTable | None:
+    """The layout's `_SegmentTable` (kept on it), or None where a segment is strided (interleaved answers) or
+    empty, which the per-tile planner handles."""
+    got = layout.chains.get("table", False)
+    if got is False:
+        segments = layout.segments
+        start = np.array([s.slot_start for s in segments], dtype=np.int64)
+        stop = start + np.array([s.length for s in segments], dtype=np.int64)
+        got = None
+        if segments and (start >= 0).all() and (stop > start).all():
+            parent = np.array([s.parent for s in segments], dtype=np.int64)
+            chains = [np.arange(len(segments))]
+            while (chains[-1] >= 0).any():
+                up = chains[-1]
+                chains.append(np.where(up >= 0, parent[np.maximum(up, 0)], -1))
+            got = _SegmentTable(np.stack(chains[:-1], axis=1), start, stop, parent)
+        layout.chains["table"] = got
+    return got
+
+
+def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
+                 block_m: int, group: int) -> TilePlan:  # fmt: skip
+    """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
+    queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped
+    at its last member's slot unless a member sees it whole, chains down the tree merged, and each member's
+    limit in each range the end of the last segment of its chain there."""
+    width = block_m // group
+    n_tiles = -(-len(order) // per_tile)
+    tile, local = np.divmod(np.arange(len(order)), per_tile)
+    chain = table.chains[q_seg[order]]  # [M, depth]: each member's segment and its ancestors
+    valid = chain >= 0
+    m_idx, k_idx = np.nonzero(valid)
+    seg, own = chain[m_idx, k_idx], k_idx == 0
+    key = tile[m_idx] * len(table.start) + seg  # one range per (tile, segment)
+    keys, inverse = np.unique(key, return_inverse=True)
+    seen_whole = np.zeros(len(keys), dtype=bool)
+    seen_whole[inverse[~own]] = True
+    clip = np.full(len(keys), -1, dtype=np.int64)  # the own segment: clipped at its latest member's slot
+    owner, owner_key = order[m_idx[own]], inverse[own]
+    by_slot = np.lexsort((-m_idx[own], q_slot[owner], owner_key))  # per key: latest slot (first member of ties) last
+    last = np.r_[owner_key[by_slot][1:] != owner_key[by_slot][:-1], True] if len(by_slot) else by_slot.astype(bool)
+    clip[owner_key[by_slot][last]] = owner[by_slot][last]
+    clip[seen_whole] = -1
+    k_tile, k_seg = keys // len(table.start), keys % len(table.start)
+    start, stop = table.start[k_seg], table.stop[k_seg]
+    srt = np.lexsort((start, k_tile))
+    k_tile, k_seg, start, stop, clip = k_tile[srt], k_seg[srt], start[srt], stop[srt], clip[srt]
+    joins = np.zeros(len(srt), dtype=bool)  # the next segment down the chain, right after the range before it
+    joins[1:] = ((k_tile[1:] == k_tile[:-1]) & (clip[:-1] == -1) & (start[1:] == stop[:-1])
+                 & (table.parent[k_seg[1:]] == k_seg[:-1]))  # fmt: skip
+    merged = np.cumsum(~joins) - 1
+    firsts = np.flatnonzero(~joins)
+    lasts = np.r_[firsts, len(srt)][1:] - 1
+    ranges = np.stack([start[firsts], stop[lasts], clip[lasts], np.zeros(len(firsts), dtype=np.int64)], axis=1)
+    range_of_key = np.empty(len(keys), dtype=np.int64)
+    range_of_key[srt] = merged
+    limits = np.repeat(ranges[:, :1], width, axis=1)
+    np.maximum.at(limits, (range_of_key[inverse], local[m_idx]), table.stop[seg])
+    counts = np.bincount(k_tile[firsts], minlength=n_tiles)
+    tile_query = np.full((n_tiles, width), -1, dtype=np.int64)
+    tile_query[tile, local] = order
+    as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
+    return TilePlan(as_int32(tile_query), as_int32(np.r_[0, np.cumsum(counts)]), as_int32(ranges),
+                    as_int32(limits), block_m, group, max(int(counts.max(initial=0)), 1))  # fmt: skip
 
 
 def _block_m(group: int, block_m: int | None) -> int:
