@@ -48,6 +48,7 @@ class Node:
     written: int = 0  # leading tokens whose K/V is in the cache
     stream: int = -1  # answer regions: the prompt index
     closed: bool = False  # a copy of this node took later prompts: none matches this one any more
+    index: int = -1  # segment id in the latest snapshot
 
     @property
     def length(self) -> int:
@@ -67,6 +68,7 @@ class Forest:
         self.free: list[list[int]] = [[0, capacity]]  # sorted, disjoint [start, end)
         self.answers: dict[int, Node] = {}  # prompt index -> its answer region
         self.unwritten: list[Node] = []  # prompt nodes with tokens not yet written, parents before children
+        self.split_from: dict[int, list[Node]] = {}  # tails split off pending nodes, by id, to follow them there
 
     def admit(self, index: int, prompt: list[int], room: int, copy: bool = False, spare: int = 0) -> Node | None:
         """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits.
@@ -116,16 +118,33 @@ class Forest:
             self._detach(node)
 
     def nodes(self) -> list[Node]:
-        """Every resident node in pre-order (roots by slot)."""
-        out, stack = [], sorted(self.roots, key=lambda n: n.slot, reverse=True)
+        """Every resident node in pre-order (roots, and each node's children, by slot: they are kept sorted)."""
+        out, stack = [], self.roots[::-1]
         while stack:
             node = stack.pop()
             out.append(node)
-            stack.extend(sorted(node.children, key=lambda n: n.slot, reverse=True))
+            stack.extend(reversed(node.children))
         return out
 
     def pending(self) -> list[Node]:
         """Prompt nodes whose tokens are not all written yet, parents before children."""
+        if self.split_from:  # the tails split off since the last call, each right after the node it was cut from
+            order, placed = [], set()
+
+            def place(node: Node) -> None:
+                order.append(node)
+                placed.add(id(node))
+                for rest in self.split_from.pop(id(node), ()):
+                    place(rest)
+
+            for node in self.unwritten:
+                place(node)
+            for rests in list(self.split_from.values()):  # cut from nodes no longer pending: after the rest
+                for rest in rests:
+                    if id(rest) not in placed:
+                        place(rest)
+            self.split_from.clear()
+            self.unwritten = order
         self.unwritten = [n for n in self.unwritten if n.written < len(n.tokens) and n.users > 0]
         return self.unwritten
 
@@ -133,17 +152,18 @@ class Forest:
         """The resident forest as a `Layout` over the whole capacity; its prompts are the admitted streams,
         in pre-order (`streams` maps them back to prompt indices)."""
         nodes = self.nodes()
-        number = {id(n): i for i, n in enumerate(nodes)}
-        segments = [Segment(number[id(n.parent)] if n.parent is not None else -1, n.depth, n.tokens, n.room,
+        for i, n in enumerate(nodes):
+            n.index = i
+        segments = [Segment(n.parent.index if n.parent is not None else -1, n.depth, n.tokens, n.room,
                             slot_start=n.slot) for n in nodes]  # fmt: skip
         for i in range(len(nodes) - 1, -1, -1):  # pre-order interval ends
             segments[i].end = max(segments[i].end, i + 1)
             if segments[i].parent >= 0:
                 segments[segments[i].parent].end = max(segments[segments[i].parent].end, segments[i].end)
         answers = [n for n in nodes if n.room]
-        layout = Layout(segments, [number[id(a.parent)] if a.parent else -1 for a in answers],
-                        [number[id(a)] for a in answers], [a.depth for a in answers], max_new_tokens, False,
-                        self.capacity)  # fmt: skip
+        parents = [a.parent.index if a.parent else -1 for a in answers]
+        layout = Layout(segments, parents, [a.index for a in answers], [a.depth for a in answers], max_new_tokens,
+                        False, self.capacity)  # fmt: skip
         layout.streams = [a.stream for a in answers]
         _fill_ids(layout, nodes)
         return layout
@@ -161,14 +181,13 @@ class Forest:
             n = _common(child.tokens, prompt[pos:])
             if n < len(child.tokens):
                 rest = _split(child, n)
-                if rest.written < len(rest.tokens):  # right after its parent: parents come first
-                    at = next((i for i, u in enumerate(self.unwritten) if u is child), len(self.unwritten) - 1)
-                    self.unwritten.insert(at + 1, rest)
+                if rest.written < len(rest.tokens):  # right after its parent (`pending`): parents come first
+                    self.split_from.setdefault(id(child), []).insert(0, rest)
             parent, pos, candidates = child, pos + n, child.children
         return parent, pos
 
     def _attach(self, node: Node) -> Node:
-        (node.parent.children if node.parent is not None else self.roots).append(node)
+        bisect.insort(node.parent.children if node.parent is not None else self.roots, node, key=_slot)
         return node
 
     def _detach(self, node: Node) -> None:
@@ -213,6 +232,10 @@ class Forest:
         return self.capacity - sum(e - s for s, e in self.free)
 
 
+def _slot(node: Node) -> int:
+    return node.slot
+
+
 def _common(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
@@ -233,9 +256,14 @@ def _fill_ids(layout: Layout, nodes: list[Node]) -> None:
     """slot_seg, slot_pos (capacity), seg_end and answer_slots of a snapshot; free slots see nothing (-1)."""
     slot_seg = np.full(layout.num_slots, -1, dtype=np.int32)
     slot_pos = np.zeros(layout.num_slots, dtype=np.int32)
-    for i, n in enumerate(nodes):
-        slot_seg[n.slot : n.end] = i
-        slot_pos[n.slot : n.end] = np.arange(n.depth, n.depth + n.length)
+    if nodes:
+        starts, depths, lengths = (
+            np.array(v, dtype=np.int64) for v in zip(*((n.slot, n.depth, n.length) for n in nodes))
+        )
+        offset = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # 0.. within each node
+        slots = np.repeat(starts, lengths) + offset
+        slot_seg[slots] = np.repeat(np.arange(len(nodes)), lengths)
+        slot_pos[slots] = np.repeat(depths, lengths) + offset
     layout.slot_seg, layout.slot_pos = torch.from_numpy(slot_seg), torch.from_numpy(slot_pos)
     layout.seg_end = torch.tensor([s.end for s in layout.segments] or [0], dtype=torch.int32)  # one, if none
     starts = [layout.segments[a].slot_start for a in layout.answer_segs]

@@ -64,6 +64,17 @@ def test_random_admissions_and_releases(seed):
         forest.collect()
         check(forest, prompts)
         assert forest.free == unoccupied(forest)
+        pending = forest.pending()  # what prefill writes next: every pending node once, after its pending ancestors
+        assert len({id(n) for n in pending}) == len(pending)
+        for i, node in enumerate(pending):
+            ancestor = node.parent
+            while ancestor is not None:
+                assert ancestor not in pending[i:]
+                ancestor = ancestor.parent
+        unwritten = [n for n in forest.nodes() if n.tokens and n.written < len(n.tokens)]
+        assert {id(n) for n in unwritten} == {id(n) for n in pending}
+        if pending and rng.random() < 0.5:  # some of the first pending node's tokens written
+            pending[0].written = rng.randint(1, len(pending[0].tokens))
 
 
 def unoccupied(forest) -> list[list[int]]:
