@@ -5,8 +5,7 @@ kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, ca
 microseconds even inside a CUDA graph.  Compiling the whole model fuses them but traces every layer
 (tens of seconds on a 7B model).  Here only a layer's norms are compiled: they hold no attention and no cache,
 and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class (the
-token count dynamic) and every layer reuses it.  Inductor compiles in this process (`compile_threads=1`): for a
-graph or two that is seconds faster than starting its pool of compile workers.
+token count dynamic) and every layer reuses it.
 
 A part is fusable when it is a norm: no children, only 1-D parameters.  Dense MLPs were measured compiled too
 (their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
@@ -90,12 +89,7 @@ def fused(model: nn.Module, parts: list[str]):
     for module in modules:
         module.forward = _Fused(module)
     try:
-        if modules:
-            import torch._inductor.config as inductor  # imported only where something compiles
-
-            with recompile_limit(RECOMPILE_LIMIT), inductor.patch(compile_threads=1):
-                yield
-        else:
+        with recompile_limit(RECOMPILE_LIMIT) if modules else contextlib.nullcontext():
             yield
     finally:
         for module in modules:
