@@ -10,7 +10,7 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
                auto-compile on CUDA), every chunk timed, compilation excluded (reported as warmup_s)
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
   pp_triton    hf_parallel's default: Triton stream-id kernel, CUDA graphs, the layers' norms and MLPs compiled
-  pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled parts)
+  pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled norms)
   pp_p1        the same kernel with one stream per row tile (each stream reads the document
                itself, as a prefix-caching server does): the ratio isolates reading once
   pp_interleaved  the reference paper's interleaved layout (ablation)

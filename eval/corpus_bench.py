@@ -12,6 +12,8 @@ decodes exactly the same tokens per stream.
     large    one 8k document with 4,096 questions of 256 tokens, then, in the same process,
              8k x 128 questions x 1,024 tokens (each run alone would need more than the GPU holds,
              or just under it after the first)
+    after    8k x 128 questions x 1,024 tokens alone, then 8k x 1,024 questions x 256 tokens (more
+             slots than the GPU holds: refilled), then the first again, in the same session
 
     python eval/corpus_bench.py --model codellama-7b --out results/corpus
 """
@@ -142,6 +144,15 @@ def main(argv=None) -> None:
         prompts, targets = workload(book, 1, 8192, 128, fixed(1024), 4, vocab)
         report["runs"]["8k x 128q x 1024a after"] = run(model, prompts, targets, session, **common)
         print("8k x 128q x 1024a after", report["runs"]["8k x 128q x 1024a after"], flush=True)
+    if "after" in parts:  # 8k x 128q x 1,024 tokens alone, after a call that refills (in the same session), again
+        fixed = lambda n: lambda rng: n  # noqa: E731
+        long, targets = workload(book, 1, 8192, 128, fixed(1024), 4, vocab)
+        refilled = workload(book, 1, 8192, 1024, fixed(256), 3, vocab)
+        run(model, *workload(book, 1, 8192, 64, fixed(64), 5, vocab), session, **common)  # warm-up
+        for name, (p, t) in (("8k x 128q x 1024a alone", (long, targets)), ("8k x 1024q x 256a", refilled),
+                             ("8k x 128q x 1024a after it", (long, targets))):  # fmt: skip
+            report["runs"][name] = run(model, p, t, session, **common)
+            print(name, report["runs"][name], flush=True)
     session.release()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -109,9 +109,17 @@ def main(argv=None) -> None:
         profile.disable()
         profile.dump_stats(args.profile)
     assert at_once == by_calls, "both ways must decode the same tokens"
-    report = dict(documents=n, questions=len(at_once), mean_answer_tokens=round(sum(map(len, at_once)) / len(at_once), 2),
-                  docs_per_call=k, calls_s=round(calls_s, 2), one_call_s=round(one_s, 2),
-                  device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")  # fmt: skip
+    mean = round(sum(map(len, at_once)) / len(at_once), 2)
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    report = dict(
+        documents=n,
+        questions=len(at_once),
+        mean_answer_tokens=mean,
+        docs_per_call=k,
+        calls_s=round(calls_s, 2),
+        one_call_s=round(one_s, 2),
+        device=device_name,
+    )
     print(json.dumps(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
