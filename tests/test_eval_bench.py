@@ -83,3 +83,23 @@ def test_profile_step_groups_kernel_time_of_prefill_and_decode(tmp_path):
     assert (row["questions"], row["path"]) == (3, "reference")
     assert row["groups"]["gemm"]["prefill_ms"] > 0 and row["groups"]["gemm"]["decode_ms_per_step"] > 0
     assert row["top_decode_kernels"] and row["top_prefill_kernels"]
+
+
+def test_squad_calls_times_one_call_against_calls_of_documents(tmp_path):
+    """eval/squad_calls.py on prompts given as a file: both ways decode the same tokens (the script asserts it),
+    answers end at EOS by position within 32 tokens, and the report counts every question."""
+    import gzip
+
+    spec = importlib.util.spec_from_file_location("squad_calls", Path(__file__).parents[1] / "eval" / "squad_calls.py")
+    squad_calls = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(squad_calls)
+    doc = [(13 * i + 5) % 40000 + 3 for i in range(20)]
+    per_doc = [[doc + [100 + q, 200 + q] for q in range(3)], [doc[::-1] + [300]]]
+    prompts = tmp_path / "prompts.json.gz"
+    with gzip.open(prompts, "wt") as f:
+        json.dump(per_doc, f)
+    out = tmp_path / "report.json"
+    squad_calls.main(["--prompts", str(prompts), "--docs-per-call", "1", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert (report["documents"], report["questions"], report["docs_per_call"]) == (2, 4, 1)
+    assert 1 <= report["mean_answer_tokens"] <= squad_calls.MAX_NEW and report["one_call_s"] > 0
