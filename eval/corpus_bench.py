@@ -123,6 +123,7 @@ def main(argv=None) -> None:
               "runs": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}), flush=True)
     variable = lambda rng: rng.randint(16, 512)  # noqa: E731
+    fixed = lambda n: lambda rng: n  # noqa: E731
     parts = args.parts.split(",")
     session = hf_parallel.Session(model)
     common = dict(max_memory=args.max_memory)
@@ -137,7 +138,6 @@ def main(argv=None) -> None:
             report["runs"][name] = run(model, prompts, targets, session, refill=refill, **common)
             print(name, report["runs"][name], flush=True)
     if "large" in parts:
-        fixed = lambda n: lambda rng: n  # noqa: E731
         prompts, targets = workload(book, 1, 8192, 4096, fixed(256), 3, vocab)
         report["runs"]["8k x 4096q x 256a"] = run(model, prompts, targets, session, **common)
         print("8k x 4096q x 256a", report["runs"]["8k x 4096q x 256a"], flush=True)
@@ -145,7 +145,6 @@ def main(argv=None) -> None:
         report["runs"]["8k x 128q x 1024a after"] = run(model, prompts, targets, session, **common)
         print("8k x 128q x 1024a after", report["runs"]["8k x 128q x 1024a after"], flush=True)
     if "after" in parts:  # 8k x 128q x 1,024 tokens alone, after a call that refills (in the same session), again
-        fixed = lambda n: lambda rng: n  # noqa: E731
         long, targets = workload(book, 1, 8192, 128, fixed(1024), 4, vocab)
         refilled = workload(book, 1, 8192, 1024, fixed(256), 3, vocab)
         run(model, *workload(book, 1, 8192, 64, fixed(64), 5, vocab), session, **common)  # warm-up

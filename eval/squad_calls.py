@@ -18,7 +18,6 @@ import cProfile
 import gzip
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import hf_parallel  # noqa: E402
+from eval.bench import timed  # noqa: E402
 
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
 EOS, MAX_NEW = 2, 32
@@ -91,13 +91,6 @@ def main(argv=None) -> None:
         prompts = [p for d in docs for p in per_doc[d]]
         return hf_parallel.generate_tokens(model, prompts, max_new_tokens=MAX_NEW, eos_token_id=EOS,
                                            do_sample=False, progress=False)  # fmt: skip
-
-    def timed(fn):
-        torch.cuda.synchronize() if device.type == "cuda" else None
-        start = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize() if device.type == "cuda" else None
-        return time.perf_counter() - start, out
 
     n, k = len(per_doc), args.docs_per_call
     call(range(min(n, k)))  # warm-up: kernels built, parts compiled

@@ -9,7 +9,7 @@ token count dynamic) and every layer reuses it.
 
 A part is fusable when it is a norm: no children, only 1-D parameters.  Dense MLPs were measured compiled too
 (their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
-graph added about 4 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
+graph added about 5 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
 (`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
 """
 

@@ -62,7 +62,8 @@ class Layout:
     slot_pos: torch.Tensor = field(default=None, repr=False)
     seg_end: torch.Tensor = field(default=None, repr=False)
     answer_slots: torch.Tensor = field(default=None, repr=False)
-    # segment -> its ancestor chain's extents, as the tile planner needs them (`tiles._chain`), filled as asked
+    # the tile planner's memo, filled as asked: segment -> its ancestor chain's extents (`tiles._chain`), and under
+    # "table" every segment's chain and slots as arrays (`tiles._segment_table`)
     chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property

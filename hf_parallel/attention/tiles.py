@@ -149,10 +149,10 @@ def build_tile_plan(
     table = _segment_table(layout)
     if streams_per_tile is None and table is not None:  # every segment a slot range of its own: whole arrays
         order = np.argsort(q_seg, kind="stable")
-        order = order[planned[order]]
-        if block_m is None:
-            rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), rows // group)))
-        plan = _plan_arrays(table, order, q_slot, q_seg, _block_m(group, block_m) // group, rows, group)
+        order, per_tile = order[planned[order]], rows // group
+        if block_m is None:  # the fullest tile's rows, as below
+            rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), per_tile)))
+        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group)
     else:
         tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
         if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
