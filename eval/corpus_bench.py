@@ -107,6 +107,10 @@ def main(argv=None) -> None:
     parser.add_argument("--max-memory", help="memory budget (default: the GPU's free memory)")
     parser.add_argument("--parts", default="fits,refill,waves,large", help="comma list of the runs")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--streams-per-tile", type=int, help="the Triton kernel's streams per row tile (default: as many as fit)"
+    )
+    parser.add_argument("--tag", default="", help="suffix of the output file's name")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -120,6 +124,9 @@ def main(argv=None) -> None:
     budget = row_budget(model, support, resolve_backend("auto", device).prefill_chunk, args.max_memory)
     report = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "budget_slots": budget.capacity, "budget_streams": budget.streams, "slot_bytes": support.slot_bytes,
+              "workload": {"doc": args.doc, "questions": args.questions, "fit_docs": args.fit_docs,
+                           "large_docs": args.large_docs, "max_memory": args.max_memory,
+                           "streams_per_tile": args.streams_per_tile},
               "runs": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}), flush=True)
     variable = lambda rng: rng.randint(16, 512)  # noqa: E731
@@ -127,6 +134,10 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     session = hf_parallel.Session(model)
     common = dict(max_memory=args.max_memory)
+    if args.streams_per_tile:
+        from hf_parallel.attention.triton import TritonBackend
+
+        common["attn"] = TritonBackend(streams_per_tile=args.streams_per_tile)
     if "fits" in parts:
         prompts, targets = workload(book, args.fit_docs, args.doc, args.questions, variable, 1, vocab)
         run(model, prompts[:64], targets[:64], session, **common)  # warm-up: kernels and captured steps
@@ -155,7 +166,7 @@ def main(argv=None) -> None:
     session.release()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"corpus-{args.model}.json").write_text(json.dumps(report, indent=1))
+        (args.out / f"corpus-{args.model}{args.tag}.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

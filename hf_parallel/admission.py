@@ -1,17 +1,16 @@
-"""Which waiting prompts enter a row whose streams come and go, and where (continuous refill's policy).
+"""Which waiting prompts enter a row whose streams come and go (continuous refill's policy).
 
 Prompts wait by document (the root of their prefix tree), in input order.  Admission runs
 once enough of the row is free (an eighth of its slots, or of its streams where the stream
 limit stopped the last admission: admitting for every finished stream would make every
 round a prefill round).  It then takes documents in order, each for as long as its prompts
-fit: a document continues after its resident prefix; once no room is left there, its next
-prompt takes a copy of the prompt elsewhere (a question's region must come after its
-document's slots, since causality is by slot); a document that is not resident starts only
-where the answer room of `SHARE` of its prompts is free too, so that it is not left with
-room for one question after it; once one document cannot start, the documents after it wait
-(only resident ones go on), so a round does not try every waiting document of a large corpus.
-An empty row takes any prompt that fits it.  With `refill=False` prompts are admitted only
-into an empty row (static waves).
+fit: a document continues after its resident prefix, its next prompt's question and answer
+room taking any free region (the row places them, `rowlayout.Forest`); a document that is
+not resident starts only where the answer room of `SHARE` of its prompts stays free too,
+so that it is not left with room for one question; once one document cannot start, the
+documents after it wait (only resident ones go on), so a round does not try every waiting
+document of a large corpus.  An empty row takes any prompt that fits it.  With
+`refill=False` prompts are admitted only into an empty row (static waves).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from .budget import RowBudget, too_large
 from .rowlayout import Forest, Node
 
 REFILL_FRACTION = 8  # admit once 1/8 of the row's slots (or, stream-bound, its streams) are free
-SHARE = 2  # a document starts (or is copied) only where the answer room of this many of its prompts is free too
+SHARE = 2  # a document starts only where the answer room of this many of its prompts stays free too
 
 
 class Admission:
@@ -81,10 +80,9 @@ class Admission:
         prompt = self.prompts[index]
         if not live and not forest.roots:  # an empty row: anything that fits
             return forest.admit(index, prompt, room)
-        spare = min(len(group) - 1, SHARE - 1) * room
-        if not forest.resident(prompt):
-            return forest.admit(index, prompt, room, spare=spare)
-        return forest.admit(index, prompt, room) or forest.admit(index, prompt, room, copy=True, spare=spare)
+        if forest.resident(prompt):
+            return forest.admit(index, prompt, room)
+        return forest.admit(index, prompt, room, spare=min(len(group) - 1, SHARE - 1) * room)
 
     def _due(self, live: int) -> bool:
         if not self.refill:

@@ -5,7 +5,8 @@ a segment is a maximal run of tokens shared by the same set of prompts.  Each pr
 also gets an *answer* segment (room for its generated tokens) as a child of the
 segment where the prompt ends.  Segments are numbered in pre-order, so segment ``a``
 is an ancestor of (or equal to) segment ``b`` iff ``a <= b < end[a]``; a query of
-segment ``b`` may attend to a key of segment ``a`` exactly then, and causally by slot.
+segment ``b`` may attend to a key of segment ``a`` exactly then (its own segment's keys
+causally by slot).
 For a document with questions this is DESIGN.md's rule with ``-1`` = the document.
 
 Positions: a token's position is its index in its own full prompt (prompt length +
@@ -62,6 +63,9 @@ class Layout:
     slot_pos: torch.Tensor = field(default=None, repr=False)
     seg_end: torch.Tensor = field(default=None, repr=False)
     answer_slots: torch.Tensor = field(default=None, repr=False)
+    # keys a forward may see: None where every segment's ancestors lie before it (up to the last query's slot);
+    # a refilled row's ancestors may lie past its queries, so its snapshot gives the slots it occupies
+    kv_extent: int | None = None
     # the tile planner's memo, filled as asked: segment -> its ancestor chain's extents (`tiles._chain`), and under
     # "table" every segment's chain and slots as arrays (`tiles._segment_table`)
     chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)

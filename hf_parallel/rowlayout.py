@@ -7,20 +7,18 @@ slot allocator:
 
     admit    a prompt walks the forest from its root: the tokens already resident (a
              document its earlier questions brought in) are reused, splitting a node
-             where the prompt branches off; its new tokens and answer room take one
-             free region after its deepest resident ancestor (a key's slot must come
-             before its queries' slots: causality is by slot), at the start of the largest
-             free interval, so the prompts sharing the new tokens find room after them.
-             A prompt whose resident prefix has no room left after it may take a copy
-             of its prompt elsewhere (`copy=True`); later prompts share the copy
+             where the prompt branches off; its answer room takes one free region and its
+             new tokens another (the smallest that holds them), or, where no free region
+             holds them, several, each a node of the chain down its prompt
     release  a finished stream's answer region is freed; so are the nodes no admitted
              stream goes through any more (`collect`, after the round's admissions, so a
              waiting prompt can still reuse the prefix its predecessors brought in)
     snapshot the forest as a `Layout` (segments in pre-order, ids over the row's
              capacity), which the attention backends plan from as before
 
-Slot order need not follow the tree across branches: visibility is by segment
-ancestry, causality by slot, and each new region lies after its ancestors.
+Slot order need not follow the tree: a query sees every slot of its segment's ancestors
+wherever they lie, and its own segment's slots up to its own (the stream rule), so a
+freed region anywhere in the row can take any waiting prompt's tokens.
 """
 
 from __future__ import annotations
@@ -47,7 +45,6 @@ class Node:
     users: int = 0  # admitted streams whose prompt goes through this node
     written: int = 0  # leading tokens whose K/V is in the cache
     stream: int = -1  # answer regions: the prompt index
-    closed: bool = False  # a copy of this node took later prompts: none matches this one any more
     index: int = -1  # segment id in the latest snapshot
 
     @property
@@ -70,29 +67,29 @@ class Forest:
         self.unwritten: list[Node] = []  # prompt nodes with tokens not yet written, parents before children
         self.split_from: dict[int, list[Node]] = {}  # tails split off pending nodes, by id, to follow them there
 
-    def admit(self, index: int, prompt: list[int], room: int, copy: bool = False, spare: int = 0) -> Node | None:
-        """Place prompt `index` with `room` answer slots; its answer node, or None when no free region fits.
-
-        copy: place the whole prompt anew, its resident prefix (which has no room left after it) closed to later
-        prompts, which then share the copy.  spare: slots that must stay free after the new region in its
-        interval (room for the prompts that will share its new tokens).
-        """
+    def admit(self, index: int, prompt: list[int], room: int, spare: int = 0) -> Node | None:
+        """Place prompt `index` with `room` answer slots; its answer node, or None when the free slots cannot hold
+        it with `spare` more left free (room for the prompts that will share its new tokens)."""
         parent, matched = self._match(prompt)
-        if copy:
-            top = parent
-            while top is not None and top.parent is not None:
-                top = top.parent
-            parent, matched = None, 0
         new = prompt[matched:]
-        start = self._allocate(len(new) + room, parent.end if parent is not None else 0, spare)
-        if start is None:
+        if self.free_slots() < len(new) + room + spare:
             return None
-        if copy and top is not None:
-            top.closed = True
-        if new:
-            parent = self._attach(Node(new, parent, matched, start))
+        whole = self._allocate(len(new) + room)  # new tokens and answer room in one region where one holds them
+        if whole is not None:
+            pieces, answer_at = [(whole, len(new))] if new else [], whole + len(new)
+        else:
+            answer_at = self._allocate(room)
+            pieces = self._allocate_pieces(len(new)) if answer_at is not None else None
+            if pieces is None:
+                if answer_at is not None:  # no room for the new tokens: give the answer region back
+                    self._free(answer_at, answer_at + room)
+                return None
+        done = 0
+        for start, size in pieces:  # a chain of nodes, one per free region the new tokens took
+            parent = self._attach(Node(new[done : done + size], parent, matched + done, start))
             self.unwritten.append(parent)
-        answer = self._attach(Node([], parent, len(prompt), start + len(new), room, stream=index))
+            done += size
+        answer = self._attach(Node([], parent, len(prompt), answer_at, room, stream=index))
         node = answer
         while node is not None:
             node.users += 1
@@ -101,8 +98,8 @@ class Forest:
         return answer
 
     def resident(self, prompt: list[int]) -> bool:
-        """Whether some of the prompt's leading tokens are in the row, open to it."""
-        return any(r.tokens and r.tokens[0] == prompt[0] and not r.closed for r in self.roots)
+        """Whether some of the prompt's leading tokens are in the row."""
+        return any(r.tokens and r.tokens[0] == prompt[0] for r in self.roots)
 
     def release(self, index: int) -> None:
         """Stream `index` finished: its answer region goes, the rest waits for `collect`."""
@@ -165,6 +162,7 @@ class Forest:
         layout = Layout(segments, parents, [a.index for a in answers], [a.depth for a in answers], max_new_tokens,
                         False, self.capacity)  # fmt: skip
         layout.streams = [a.stream for a in answers]
+        layout.kv_extent = self.extent()
         _fill_ids(layout, nodes)
         return layout
 
@@ -175,7 +173,7 @@ class Forest:
         many of the prompt's tokens it covers."""
         parent, pos, candidates = None, 0, self.roots
         while pos < len(prompt):
-            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos] and not c.closed), None)
+            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos]), None)
             if child is None:
                 break
             n = _common(child.tokens, prompt[pos:])
@@ -195,24 +193,38 @@ class Forest:
         siblings.remove(node)
         self._free(node.slot, node.end)
 
-    def _allocate(self, size: int, after: int, spare: int = 0) -> int | None:
-        """The start of `size` free slots from `after` on, `spare` more free after them: at the start of the largest
-        free interval, so that the prompts that will share the new tokens (a document's later questions) find room
-        right after them."""
-        best, room = None, size + spare - 1
-        for i, (start, end) in enumerate(self.free):
-            if end - max(start, after) > room:
-                best, room = i, end - max(start, after)
-        if best is None:
+    def _allocate(self, size: int) -> int | None:
+        """The start of `size` free slots at the start of the smallest free interval holding them (best fit: the
+        large intervals stay whole for documents), or None."""
+        fits = [i for i, (start, end) in enumerate(self.free) if end - start >= size]
+        if not fits:
             return None
-        interval = self.free[best]
-        start = max(interval[0], after)
-        if start > interval[0]:  # a piece before `after` stays free
-            self.free.insert(best, [interval[0], start])
-            best += 1
-        interval[0] = start + size
-        if interval[0] >= interval[1]:
-            del self.free[best]
+        return self._allocate_at(min(fits, key=lambda i: self.free[i][1] - self.free[i][0]), size)
+
+    def _allocate_pieces(self, size: int) -> list[tuple[int, int]] | None:
+        """(start, size) of free regions holding `size` slots: one where an interval holds them all, else the
+        largest intervals first (the fewest pieces); None when the free slots do not add up to `size`."""
+        if size == 0:
+            return []
+        start = self._allocate(size)
+        if start is not None:
+            return [(start, size)]
+        if self.free_slots() < size:
+            return None
+        pieces = []
+        while size:
+            i = max(range(len(self.free)), key=lambda j: self.free[j][1] - self.free[j][0])
+            take = min(size, self.free[i][1] - self.free[i][0])
+            pieces.append((self._allocate_at(i, take), take))
+            size -= take
+        return pieces
+
+    def _allocate_at(self, i: int, size: int) -> int:
+        interval = self.free[i]
+        start = interval[0]
+        interval[0] += size
+        if interval[0] == interval[1]:
+            del self.free[i]
         return start
 
     def _free(self, start: int, end: int) -> None:
@@ -229,7 +241,15 @@ class Forest:
         free[lo:hi] = [[start, end]]
 
     def used(self) -> int:
-        return self.capacity - sum(e - s for s, e in self.free)
+        return self.capacity - self.free_slots()
+
+    def extent(self) -> int:
+        """One past the last slot a resident node holds (at least 1: a forward's keys)."""
+        last = self.free[-1] if self.free else None
+        return max(1, last[0] if last is not None and last[1] == self.capacity else self.capacity)
+
+    def free_slots(self) -> int:
+        return sum(e - s for s, e in self.free)
 
 
 def _slot(node: Node) -> int:
@@ -245,7 +265,7 @@ def _common(a: list[int], b: list[int]) -> int:
 def _split(node: Node, at: int) -> Node:
     """Cut `node` after its first `at` tokens; the rest becomes its only child (same slots, same users)."""
     rest = Node(node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users,
-                max(0, node.written - at), closed=node.closed)  # fmt: skip
+                max(0, node.written - at))  # fmt: skip
     for child in rest.children:
         child.parent = rest
     node.tokens, node.children, node.written = node.tokens[:at], [rest], min(node.written, at)

@@ -82,8 +82,9 @@ class Runner:
             return self.decode(self.prefill())
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
-        """The backend's plan of a forward over the tokens written at `q_slot` [N]."""
-        return self.backend.plan(self.row, q_slot, kv_len)
+        """The backend's plan of a forward over the tokens written at `q_slot` [N] (keys up to `kv_len`; by default
+        those its queries may see)."""
+        return self.backend.plan(self.row, q_slot, kv_len if kv_len is not None else self.row.layout.kv_extent)
 
     def forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor, step: bool = False):
         """One forward over `tokens` [N] at the plan's slots; float logits [len(keep), V] of rows `keep`.

@@ -119,35 +119,49 @@ def test_a_prefix_no_stream_uses_is_reused_until_collected():
     assert forest.used() == 20 + 2 + ROOM  # the document once, stream 1's own tokens and answer
 
 
-def test_new_regions_come_after_their_ancestors():
-    """A freed region before the document cannot hold its question: causality is by slot."""
+def test_a_freed_region_before_its_document_holds_a_question():
+    """Ancestors are seen wherever they lie: the smallest free region that holds a question and its answer room
+    takes it, here one before its document's slots."""
     forest = Forest(capacity=30)
     forest.admit(0, [1, 2, 3], ROOM)  # slots 0..5
     forest.admit(1, list(range(10, 20)), ROOM)  # the document: slots 6..18
     forest.release(0)
-    forest.collect()  # 0..5 free, before the document
-    forest.admit(2, list(range(10, 20)) + [7, 8], 2)  # needs 4 slots after slot 16: none there but 19..22
-    check(forest, {1: list(range(10, 20)), 2: list(range(10, 20)) + [7, 8]} | {0: [1, 2, 3]})
-    assert forest.answers[2].slot > 16
+    forest.collect()  # 0..5 free, before the document; 19..29 free after it
+    forest.admit(2, list(range(10, 20)) + [7, 8], 2)  # 4 slots: the smaller free region
+    check(forest, {1: list(range(10, 20)), 2: list(range(10, 20)) + [7, 8]})
+    assert forest.answers[2].parent.slot == 0 and forest.answers[2].slot == 2
 
 
-def test_a_copy_takes_the_later_prompts_of_its_document():
-    """A document with no room left after it is placed again where there is; later prompts share the copy, and
-    the old one goes once its streams finish."""
-    doc = list(range(10, 20))
+def test_a_document_no_free_region_holds_takes_several():
+    """A prompt whose new tokens no free region holds takes several, largest first, as a chain of nodes that later
+    prompts of its document walk through; prefill writes the chain parents first."""
     forest = Forest(capacity=40)
-    forest.admit(0, [1, 2], ROOM)  # slots 0..4
-    forest.admit(1, doc + [5], ROOM)  # slots 5..18
-    forest.admit(2, [3] * 15, ROOM)  # slots 19..36
-    forest.release(0)
-    forest.release(2)
-    forest.collect()
-    assert forest.admit(3, doc + [6], ROOM) is not None  # after the document: 19..22
-    assert forest.admit(4, doc + [7], ROOM, copy=True) is not None  # the copy: 23..36
-    assert forest.admit(5, doc + [8], ROOM) is None  # the old one is closed, and the copy has no room after it
-    assert [r.slot for r in forest.roots] == [5, 23]
+    for i in range(4):  # streams of 10 slots: 0..9, 10..19, 20..29, 30..39
+        forest.admit(i, [100 + i] * 7, ROOM)
+    for node in forest.pending():  # prefilled
+        node.written = len(node.tokens)
+    for i in (0, 2):
+        forest.release(i)
+    forest.collect()  # 0..9 and 20..29 free
+    doc = list(range(10, 22))
+    assert forest.admit(4, doc + [5], ROOM) is not None  # 16 slots: the answer room (3), then 13 tokens in two
+    chain = []
+    node = forest.answers[4].parent
+    while node is not None:
+        chain.append(node)
+        node = node.parent
+    assert len(chain) == 2 and sum(len(n.tokens) for n in chain) == 13
+    assert forest.pending() == chain[::-1]
     forest.release(1)
-    forest.release(3)
     forest.collect()
-    assert [r.slot for r in forest.roots] == [23]
-    check(forest, {4: doc + [7]})
+    assert forest.admit(5, doc + [6], ROOM) is not None  # the document reused through its chain
+    assert forest.used() == 13 + 3 + 1 + ROOM + 10
+    check(forest, {3: [103] * 7, 4: doc + [5], 5: doc + [6]})
+
+
+def test_a_prompt_waits_when_the_free_slots_do_not_hold_it():
+    forest = Forest(capacity=21)
+    forest.admit(0, [1] * 10, ROOM)
+    assert forest.admit(1, [2] * 5, ROOM, spare=ROOM) is None  # 8 slots fit, not 8 more spare
+    assert forest.admit(1, [2] * 5, ROOM) is not None
+    assert forest.free == []

@@ -59,7 +59,7 @@ def test_a_budget_of_a_quarter_of_the_work_changes_no_answer(arch, refill):
 
 def test_a_document_admitted_into_the_last_room_does_not_take_its_questions_one_at_a_time(llama):
     """The second document first fits in the row's last room with one question; once the first document's
-    streams finish, its other questions take a copy of it in the freed room, not the one region after it
+    streams finish, its other questions take the freed room, wherever it lies, not the one region after it
     in turn.  Each document's questions fit the row together, so about one answer length of forwards per
     document, and one more for admissions, is what filling the row takes."""
     gen = torch.Generator().manual_seed(6)

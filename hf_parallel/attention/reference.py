@@ -1,8 +1,9 @@
 """Dense stream-mask attention: the specification every fast path must match.
 
-A query may see a key iff the key's segment is an ancestor of (or is) the query's
-segment, the key's slot is not after the query's, and, for sliding-window layers,
-the key is less than `sliding_window` positions behind (HF's rule: kv > q - window).
+A query may see a key iff the key's segment is an ancestor of the query's segment (wherever
+its slots lie), or is the query's own segment and the key's slot is not after the query's;
+and, for sliding-window layers, the key is less than `sliding_window` positions behind
+(HF's rule: kv > q - window).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def stream_mask(plan: AttentionPlan, sliding_window: int | None = None) -> torch
     k_end = ids.seg_end[k_seg.clamp(min=0)]
     q_seg = plan.q_seg[:, None]
     mask = (k_seg[None] <= q_seg) & (q_seg < k_end[None]) & (k_seg[None] >= 0)
-    mask &= torch.arange(kv, device=q_seg.device)[None] <= plan.q_slot[:, None]
+    mask &= (k_seg[None] != q_seg) | (torch.arange(kv, device=q_seg.device)[None] <= plan.q_slot[:, None])
     if sliding_window is not None:
         mask &= (plan.q_pos[:, None] - ids.slot_pos[None, :kv]) < sliding_window
     return mask

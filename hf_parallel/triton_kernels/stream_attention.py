@@ -3,10 +3,11 @@
 A program owns one row tile of one KV head (and one KV split): BLOCK_M rows, each a
 (query, query head of this KV head) pair, so every KV tile it loads serves all the
 GQA heads and all the streams packed into the tile at once.  It visits only the KV
-slot ranges the plan lists for its tile (CSR: `range_ptr` into `ranges`), each end clipped
-at run time to the last slot its queries may see.  A range is a chain of segments down
-the prefix tree, so what a row sees of it is a prefix, given by the plan (`limits`), and
-then causally by slot: k < limit and k <= q_slot (and q_pos - slot_pos[k] < window).  The
+slot ranges the plan lists for its tile (CSR: `range_ptr` into `ranges`), an own segment's
+end clipped at run time to the last slot its queries may see.  A range is a chain of segments
+down the prefix tree, so what a row sees of it is a prefix, given by the plan (`limits`), of
+which an ancestor's slots are seen wherever they lie and the row's own segment's causally by
+slot: k < limit and (k <= q_slot or slot_seg[k] != q_seg) (and q_pos - slot_pos[k] < window).  The
 interleaved layout's answer range is strided; there the stream-id rule is evaluated from
 the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
@@ -64,10 +65,11 @@ def _attend_block(
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     if DOT_F32:  # triton-lang/triton#11584: the interpreter's tl.dot multiplies bf16 bit patterns
         k, v = k.to(tl.float32), v.to(tl.float32)
-    # -- visibility: a prefix of the range per row (from the plan), causal by slot, sliding window --
-    visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] <= q_slot[:, None]) & n_ok[None, :]
+    # -- visibility: a prefix of the range per row (from the plan), the own segment causal by slot, window --
+    k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
+    causal = (offs_n[None, :] <= q_slot[:, None]) | (k_seg[None, :] != q_seg[:, None])
+    visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
     if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
-        k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
         k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
         visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
     if USE_WINDOW:
@@ -122,7 +124,7 @@ def stream_attention_fwd(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
     if DOT_F32:
         q = q.to(tl.float32)
-    tile_stop = tl.minimum(tl.max(q_slot, 0) + 1, kv_len)
+    tile_stop = kv_len  # an ancestor's slots may lie past every query's
     K += kv_head.to(tl.int64) * stride_kh  # int64: a long cache's H_kv * S * D can pass 2**31
     V += kv_head.to(tl.int64) * stride_vh
     # -- online softmax over the tile's ranges, RANGES at a time; split s takes every num_splits-th KV block --
