@@ -7,9 +7,10 @@ slot allocator:
 
     admit    a prompt walks the forest from its root: the tokens already resident (a
              document its earlier questions brought in) are reused, splitting a node
-             where the prompt branches off; its answer room takes one free region and its
-             new tokens another (the smallest that holds them), or, where no free region
-             holds them, several, each a node of the chain down its prompt
+             where the prompt branches off; its new tokens and answer room take the
+             smallest free region that holds them all, anywhere; where none does, the
+             answer room takes one and the new tokens several, largest first, each a
+             node of the chain down its prompt
     release  a finished stream's answer region is freed; so are the nodes no admitted
              stream goes through any more (`collect`, after the round's admissions, so a
              waiting prompt can still reuse the prefix its predecessors brought in)
