@@ -7,7 +7,9 @@ slot ranges the plan lists for its tile (CSR: `range_ptr` into `ranges`), an own
 end clipped at run time to the last slot its queries may see.  A range is a chain of segments
 down the prefix tree, so what a row sees of it is a prefix, given by the plan (`limits`), of
 which an ancestor's slots are seen wherever they lie and the row's own segment's causally by
-slot: k < limit and (k <= q_slot or slot_seg[k] != q_seg) (and q_pos - slot_pos[k] < window).  The
+slot: k < limit and (k <= q_slot or slot_seg[k] != q_seg) (and q_pos - slot_pos[k] < window).
+Where every ancestor lies before its queries' slots (ORDERED: a layout built at once) that is
+k < limit and k <= q_slot, with no slot ids loaded per KV tile.  The
 interleaved layout's answer range is strided; there the stream-id rule is evaluated from
 the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
@@ -55,7 +57,7 @@ def _attend_block(
     slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
     scale, softcap, window, offs_d, d_ok,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, ORDERED: tl.constexpr,
 ):  # fmt: skip
     """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row."""
     # -- load one KV tile --
@@ -65,13 +67,20 @@ def _attend_block(
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     if DOT_F32:  # triton-lang/triton#11584: the interpreter's tl.dot multiplies bf16 bit patterns
         k, v = k.to(tl.float32), v.to(tl.float32)
-    # -- visibility: a prefix of the range per row (from the plan), the own segment causal by slot, window --
-    k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
-    causal = (offs_n[None, :] <= q_slot[:, None]) | (k_seg[None, :] != q_seg[:, None])
-    visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
-    if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
-        k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
-        visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+    # -- visibility: a prefix of the range per row (from the plan), causal, sliding window --
+    if ORDERED:  # every ancestor lies before its queries' slots: causality by slot alone, no ids loaded
+        visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] <= q_slot[:, None]) & n_ok[None, :]
+        if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
+            k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
+            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
+            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+    else:  # ancestors anywhere (a refilled row): only the own segment's keys are causal by slot
+        k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
+        causal = (offs_n[None, :] <= q_slot[:, None]) | (k_seg[None, :] != q_seg[:, None])
+        visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
+        if by_ids:
+            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
+            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
     if USE_WINDOW:
         k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
         visible &= (q_pos[:, None] - k_pos[None, :]) < window
@@ -102,7 +111,7 @@ def stream_attention_fwd(
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    USE_SINKS: tl.constexpr,
+    USE_SINKS: tl.constexpr, ORDERED: tl.constexpr,
 ):  # fmt: skip
     """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D],
     Sinks [H] float32 (read only with USE_SINKS)."""
@@ -124,7 +133,10 @@ def stream_attention_fwd(
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
     if DOT_F32:
         q = q.to(tl.float32)
-    tile_stop = kv_len  # an ancestor's slots may lie past every query's
+    if ORDERED:  # no query sees a slot past its own
+        tile_stop = tl.minimum(tl.max(q_slot, 0) + 1, kv_len)
+    else:  # an ancestor's slots may lie past every query's
+        tile_stop = kv_len
     K += kv_head.to(tl.int64) * stride_kh  # int64: a long cache's H_kv * S * D can pass 2**31
     V += kv_head.to(tl.int64) * stride_vh
     # -- online softmax over the tile's ranges, RANGES at a time; split s takes every num_splits-th KV block --
@@ -154,7 +166,7 @@ def stream_attention_fwd(
             acc, m_i, l_i = _attend_block(
                 acc, m_i, l_i, q, start, stop, limit, by_ids != 0, K, V, stride_kn, stride_vn,
                 slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
-                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32,
+                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32, ORDERED,
             )  # fmt: skip
         blocks_before += total
     # -- epilogue: no real row sees nothing, but guard l_i == 0 (empty rows of a tile, empty splits) --
