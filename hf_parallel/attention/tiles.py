@@ -128,7 +128,7 @@ class TilePlan:
 
     def to(self, device) -> TilePlan:
         tensors = (self.tile_query, self.range_ptr, self.ranges, self.limits)
-        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
+        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges, self.ordered)
 
 
 def build_tile_plan(
