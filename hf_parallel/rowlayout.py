@@ -80,11 +80,9 @@ class Forest:
             pieces, answer_at = [(whole, len(new))] if new else [], whole + len(new)
         else:
             answer_at = self._allocate(room)
-            pieces = self._allocate_pieces(len(new)) if answer_at is not None else None
-            if pieces is None:
-                if answer_at is not None:  # no room for the new tokens: give the answer region back
-                    self._free(answer_at, answer_at + room)
+            if answer_at is None:
                 return None
+            pieces = self._allocate_pieces(len(new))  # the free slots hold them: checked above
         done = 0
         for start, size in pieces:  # a chain of nodes, one per free region the new tokens took
             parent = self._attach(Node(new[done : done + size], parent, matched + done, start))
@@ -202,16 +200,14 @@ class Forest:
             return None
         return self._allocate_at(min(fits, key=lambda i: self.free[i][1] - self.free[i][0]), size)
 
-    def _allocate_pieces(self, size: int) -> list[tuple[int, int]] | None:
-        """(start, size) of free regions holding `size` slots: one where an interval holds them all, else the
-        largest intervals first (the fewest pieces); None when the free slots do not add up to `size`."""
+    def _allocate_pieces(self, size: int) -> list[tuple[int, int]]:
+        """(start, size) of free regions holding `size` slots (the free slots add up to at least that): one where an
+        interval holds them all, else the largest intervals first (the fewest pieces)."""
         if size == 0:
             return []
         start = self._allocate(size)
         if start is not None:
             return [(start, size)]
-        if self.free_slots() < size:
-            return None
         pieces = []
         while size:
             i = max(range(len(self.free)), key=lambda j: self.free[j][1] - self.free[j][0])

@@ -69,18 +69,15 @@ def _attend_block(
         k, v = k.to(tl.float32), v.to(tl.float32)
     # -- visibility: a prefix of the range per row (from the plan), causal, sliding window --
     if ORDERED:  # every ancestor lies before its queries' slots: causality by slot alone, no ids loaded
-        visible = (offs_n[None, :] < limit[:, None]) & (offs_n[None, :] <= q_slot[:, None]) & n_ok[None, :]
-        if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
-            k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
-            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
-            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+        causal = offs_n[None, :] <= q_slot[:, None]
     else:  # ancestors anywhere (a refilled row): only the own segment's keys are causal by slot
+        own = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)[None, :] == q_seg[:, None]
+        causal = (offs_n[None, :] <= q_slot[:, None]) | ~own
+    visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
+    if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
         k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
-        causal = (offs_n[None, :] <= q_slot[:, None]) | (k_seg[None, :] != q_seg[:, None])
-        visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
-        if by_ids:
-            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
-            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+        k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
+        visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
     if USE_WINDOW:
         k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
         visible &= (q_pos[:, None] - k_pos[None, :]) < window
