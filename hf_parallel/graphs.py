@@ -122,6 +122,7 @@ class StaticRow:
             torch.full((capacity,), -1, dtype=torch.int32, device=model.device),
             torch.zeros(capacity, dtype=torch.int32, device=model.device),
             torch.zeros(capacity, dtype=torch.int32, device=model.device),
+            torch.zeros(capacity, dtype=torch.int32, device=model.device),
         )
         self.graphs = DecodeGraphs()
 
@@ -140,4 +141,5 @@ class StaticRow:
         self.ids.slot_seg[:n].copy_(layout.slot_seg)
         self.ids.slot_pos[:n].copy_(layout.slot_pos)
         self.ids.seg_end[:g].copy_(layout.seg_end)
+        self.ids.seg_stop[:g].copy_(layout.seg_stop)
         return self.ids

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+STRIDED_STOP = 2**31 - 1  # `Layout.seg_stop` of an interleaved answer: no slot lies past it
+
 
 @dataclass
 class Segment:
@@ -49,6 +51,8 @@ class Layout:
     slot_seg:      [S] int32 segment id per slot.
     slot_pos:      [S] int32 position per slot.
     seg_end:       [num_segments] int32 pre-order interval end per segment.
+    seg_stop:      [num_segments] int32 one past each segment's last slot (a strided answer's: 2**31 - 1, so
+                   that its own causality is by slot alone).
     answer_slots:  [P, max_new_tokens] int64 slot of the t-th generated token of prompt p.
     """
 
@@ -62,6 +66,7 @@ class Layout:
     slot_seg: torch.Tensor = field(default=None, repr=False)
     slot_pos: torch.Tensor = field(default=None, repr=False)
     seg_end: torch.Tensor = field(default=None, repr=False)
+    seg_stop: torch.Tensor = field(default=None, repr=False)
     answer_slots: torch.Tensor = field(default=None, repr=False)
     # keys a forward may see: None where every segment's ancestors lie before it (up to the last query's slot);
     # a refilled row's ancestors may lie past its queries, so its snapshot gives the slots it occupies
@@ -195,3 +200,10 @@ def _fill_slot_ids(layout: Layout, answer_slots: torch.Tensor) -> None:
         slot_pos[answer_slots[p]] = layout.prompt_lens[p] + torch.arange(layout.max_new_tokens, dtype=torch.int32)
     layout.slot_seg, layout.slot_pos, layout.answer_slots = slot_seg, slot_pos, answer_slots
     layout.seg_end = torch.tensor([s.end for s in layout.segments], dtype=torch.int32)
+    layout.seg_stop = segment_stops(layout.segments)
+
+
+def segment_stops(segments: list[Segment]) -> torch.Tensor:
+    """[G] int32 one past each segment's last slot; a strided (interleaved) answer's: the largest int32."""
+    stops = [s.slot_start + s.length if s.slot_start >= 0 else STRIDED_STOP for s in segments]
+    return torch.tensor(stops or [0], dtype=torch.int32)

@@ -24,18 +24,21 @@ class SlotIds:
     slot_seg: [S] int32 segment id of each slot (-1: a slot no query sees).
     slot_pos: [S] int32 position of each slot.
     seg_end:  [G] int32 pre-order interval end of each segment.
+    seg_stop: [G] int32 one past each segment's last slot (`Layout.seg_stop`).
     """
 
     slot_seg: torch.Tensor
     slot_pos: torch.Tensor
     seg_end: torch.Tensor
+    seg_stop: torch.Tensor
 
     @classmethod
     def from_layout(cls, layout: Layout, device: torch.device) -> SlotIds:
-        return cls(layout.slot_seg.to(device), layout.slot_pos.to(device), layout.seg_end.to(device))
+        return cls(*(t.to(device) for t in (layout.slot_seg, layout.slot_pos, layout.seg_end, layout.seg_stop)))
 
     def to(self, device, non_blocking: bool = False) -> SlotIds:
-        return SlotIds(*(t.to(device, non_blocking=non_blocking) for t in (self.slot_seg, self.slot_pos, self.seg_end)))
+        tensors = (self.slot_seg, self.slot_pos, self.seg_end, self.seg_stop)
+        return SlotIds(*(t.to(device, non_blocking=non_blocking) for t in tensors))
 
 
 @dataclass

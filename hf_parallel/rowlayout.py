@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .layout import Layout, Segment
+from .layout import Layout, Segment, segment_stops
 
 
 @dataclass(eq=False)
@@ -270,7 +270,7 @@ def _split(node: Node, at: int) -> Node:
 
 
 def _fill_ids(layout: Layout, nodes: list[Node]) -> None:
-    """slot_seg, slot_pos (capacity), seg_end and answer_slots of a snapshot; free slots see nothing (-1)."""
+    """slot_seg, slot_pos (capacity), seg_end, seg_stop and answer_slots of a snapshot; free slots see nothing (-1)."""
     slot_seg = np.full(layout.num_slots, -1, dtype=np.int32)
     slot_pos = np.zeros(layout.num_slots, dtype=np.int32)
     if nodes:
@@ -283,6 +283,7 @@ def _fill_ids(layout: Layout, nodes: list[Node]) -> None:
         slot_pos[slots] = np.repeat(depths, lengths) + offset
     layout.slot_seg, layout.slot_pos = torch.from_numpy(slot_seg), torch.from_numpy(slot_pos)
     layout.seg_end = torch.tensor([s.end for s in layout.segments] or [0], dtype=torch.int32)  # one, if none
+    layout.seg_stop = segment_stops(layout.segments)
     starts = [layout.segments[a].slot_start for a in layout.answer_segs]
     steps = torch.arange(layout.max_new_tokens)
     layout.answer_slots = torch.tensor(starts, dtype=torch.int64)[:, None] + steps[None] if starts else None

@@ -74,8 +74,6 @@ class TilePlan:
     limits:     [T, Q] member q of the tile sees slots [start, limits[t, q]) of range t (then causally).
     block_m:    rows per tile, each a (query, head of the GQA group) pair; group: query heads per KV head.
     max_tile_ranges: most ranges of one tile (a bound; the kernel reads that many at once).
-    ordered:    every segment's ancestors lie before its slots (a layout built at once), so causality is by slot
-                alone; a refilled row's may lie anywhere (`Layout.kv_extent` set), and the kernel checks ids.
     """
 
     tile_query: torch.Tensor
@@ -85,7 +83,6 @@ class TilePlan:
     block_m: int
     group: int
     max_tile_ranges: int
-    ordered: bool = True
 
     @property
     def num_tiles(self) -> int:
@@ -106,14 +103,14 @@ class TilePlan:
         ranges = max_queries * depth  # each query adds at most its segment and its ancestors
         plan = cls(torch.full((tiles, members), -1, dtype=torch.int32), torch.zeros(tiles + 1, dtype=torch.int32),
                    torch.zeros(ranges, 4, dtype=torch.int32), torch.zeros(ranges, members, dtype=torch.int32),
-                   block_m, group, members * depth, layout.kv_extent is None)  # fmt: skip
+                   block_m, group, members * depth)  # fmt: skip
         return plan.to(device)
 
     def fill_(self, plan: TilePlan) -> TilePlan:
         """Overwrite these buffers in place with `plan` (same block_m and group, no more tiles or ranges)."""
-        if (plan.block_m, plan.group, plan.ordered) != (self.block_m, self.group, self.ordered):
-            raise ValueError(f"plan has block_m={plan.block_m}, group={plan.group}, ordered={plan.ordered}; "
-                             f"the buffers {self.block_m}, {self.group}, {self.ordered}")  # fmt: skip
+        if (plan.block_m, plan.group) != (self.block_m, self.group):
+            raise ValueError(f"plan has block_m={plan.block_m}, group={plan.group}; the buffers {self.block_m}, "
+                             f"{self.group}")  # fmt: skip
         tiles, ranges = plan.num_tiles, plan.ranges.shape[0]
         if tiles > self.num_tiles or ranges > self.ranges.shape[0]:
             raise ValueError(f"plan needs {tiles} tiles and {ranges} ranges; the buffers hold "
@@ -128,7 +125,7 @@ class TilePlan:
 
     def to(self, device) -> TilePlan:
         tensors = (self.tile_query, self.range_ptr, self.ranges, self.limits)
-        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges, self.ordered)
+        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
 
 
 def build_tile_plan(
@@ -162,7 +159,6 @@ def build_tile_plan(
             rows = _block_m(group, _dot_rows(group * max((len(t) for t in tiles), default=1)))
         ranges = [_tile_ranges(layout, members, q_slot, q_seg, rows // group) for members in tiles]
         plan = _pack(tiles, ranges, rows, group)
-    plan.ordered = layout.kv_extent is None
     return plan if device is None else plan.to(device)
 
 

@@ -116,13 +116,13 @@ class TritonBackend(AttentionBackend):
 def _stream_attention_op(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_slot: torch.Tensor, q_seg: torch.Tensor,
     q_pos: torch.Tensor, slot_seg: torch.Tensor, slot_pos: torch.Tensor, seg_end: torch.Tensor,
-    tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor, limits: torch.Tensor,
-    block_m: int, group: int, max_tile_ranges: int, ordered: bool, scaling: float, window: int, softcap: float,
+    seg_stop: torch.Tensor, tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor,
+    limits: torch.Tensor, block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
     sinks: Optional[torch.Tensor],  # noqa: UP045 - the schema parser of torch.library reads Optional
 ) -> torch.Tensor:  # fmt: skip
     """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
-    plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end))
-    tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges, ordered)
+    plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end, seg_stop))
+    tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
     return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks)
 
 
@@ -135,8 +135,8 @@ def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, win
     ids, tiles = plan.ids, plan.tiles
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
-        tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
-        tiles.max_tile_ranges, tiles.ordered, scaling if scaling is not None else query.shape[-1] ** -0.5,
+        ids.seg_stop, tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
+        tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5,
         window or 0, softcap or 0.0,
         sinks,
     )  # fmt: skip
@@ -235,7 +235,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
     interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
     kernels.stream_attention_fwd[(tiles.num_tiles, key.shape[1], cfg.num_splits)](
         query, key, value, out, part_o, part_lse, sinks if sinks is not None else part_lse,
-        plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
+        plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end, ids.seg_stop,
         tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
         out.stride(1), out.stride(2),
@@ -244,7 +244,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
         HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),
         SPLIT=to_parts, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
-        DOT_F32=interpreted and query.dtype == torch.bfloat16, USE_SINKS=sinks is not None, ORDERED=tiles.ordered,
+        DOT_F32=interpreted and query.dtype == torch.bfloat16, USE_SINKS=sinks is not None,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 
@@ -267,7 +267,8 @@ def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> No
     if query.shape[2] != plan.q_slot.numel() or key.shape[2] > plan.ids.slot_seg.numel():
         raise ValueError(f"{query.shape[2]} queries / {key.shape[2]} keys do not fit the plan "
                          f"({plan.q_slot.numel()} queries, {plan.ids.slot_seg.numel()} slots)")  # fmt: skip
-    index = (plan.q_slot, plan.q_seg, plan.q_pos, plan.ids.slot_seg, plan.ids.slot_pos, plan.ids.seg_end)
+    ids = plan.ids
+    index = (plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end, ids.seg_stop)
     if any(not t.is_contiguous() for t in index):
         raise ValueError("the plan's q_slot/q_seg/q_pos and slot ids must be contiguous (the kernel indexes them flat)")
     devices = {t.device for t in (query, key, value, plan.q_slot, plan.ids.slot_seg, tiles.tile_query)}

@@ -7,9 +7,9 @@ slot ranges the plan lists for its tile (CSR: `range_ptr` into `ranges`), an own
 end clipped at run time to the last slot its queries may see.  A range is a chain of segments
 down the prefix tree, so what a row sees of it is a prefix, given by the plan (`limits`), of
 which an ancestor's slots are seen wherever they lie and the row's own segment's causally by
-slot: k < limit and (k <= q_slot or slot_seg[k] != q_seg) (and q_pos - slot_pos[k] < window).
-Where every ancestor lies before its queries' slots (ORDERED: a layout built at once) that is
-k < limit and k <= q_slot, with no slot ids loaded per KV tile.  The
+slot.  The own segment is one slot range [start, seg_stop[q_seg]) holding q_slot, and an
+ancestor's slots lie outside it, so the rule is one load per row, none per key:
+k < limit and (k <= q_slot or k >= seg_stop[q_seg]) (and q_pos - slot_pos[k] < window).  The
 interleaved layout's answer range is strided; there the stream-id rule is evaluated from
 the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
@@ -35,7 +35,7 @@ def _tanh(x):
 
 
 @triton.jit
-def _load_ranges(first, last, ranges_ptr, q_slot_ptr, tile_stop, BLOCK_N: tl.constexpr, RANGES: tl.constexpr):
+def _load_ranges(first, last, ranges_ptr, q_slot_ptr, kv_len, BLOCK_N: tl.constexpr, RANGES: tl.constexpr):
     """Ranges first..last-1 (at most RANGES) at once: start, clipped stop, by_ids, first flat KV block, blocks."""
     idx = first + tl.arange(0, RANGES)
     ok = idx < last
@@ -45,7 +45,7 @@ def _load_ranges(first, last, ranges_ptr, q_slot_ptr, tile_stop, BLOCK_N: tl.con
     by_ids = tl.load(ranges_ptr + idx * 4 + 3, mask=ok, other=0)
     clip_stop = (tl.load(q_slot_ptr + tl.maximum(clip, 0), mask=ok, other=0) + 1).to(tl.int32)
     stop = tl.where(clip >= 0, tl.minimum(stop, clip_stop), stop)  # an own segment: up to its query
-    stop = tl.minimum(stop, tile_stop)
+    stop = tl.minimum(stop, kv_len)
     blocks = tl.maximum(stop - start + BLOCK_N - 1, 0) // BLOCK_N
     first_block = tl.cumsum(blocks, 0) - blocks
     return start, stop, by_ids, first_block, blocks
@@ -54,10 +54,10 @@ def _load_ranges(first, last, ranges_ptr, q_slot_ptr, tile_stop, BLOCK_N: tl.con
 @triton.jit
 def _attend_block(
     acc, m_i, l_i, q, start, stop, limit, by_ids, K, V, stride_kn, stride_vn,
-    slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
+    slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos, own_stop,
     scale, softcap, window, offs_d, d_ok,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr, ORDERED: tl.constexpr,
+    DOT_F32: tl.constexpr,
 ):  # fmt: skip
     """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row."""
     # -- load one KV tile --
@@ -67,12 +67,8 @@ def _attend_block(
     v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
     if DOT_F32:  # triton-lang/triton#11584: the interpreter's tl.dot multiplies bf16 bit patterns
         k, v = k.to(tl.float32), v.to(tl.float32)
-    # -- visibility: a prefix of the range per row (from the plan), causal, sliding window --
-    if ORDERED:  # every ancestor lies before its queries' slots: causality by slot alone, no ids loaded
-        causal = offs_n[None, :] <= q_slot[:, None]
-    else:  # ancestors anywhere (a refilled row): only the own segment's keys are causal by slot
-        own = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)[None, :] == q_seg[:, None]
-        causal = (offs_n[None, :] <= q_slot[:, None]) | ~own
+    # -- visibility: a prefix of the range per row (from the plan), the own segment causal, sliding window --
+    causal = (offs_n[None, :] <= q_slot[:, None]) | (offs_n[None, :] >= own_stop[:, None])
     visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
     if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
         k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
@@ -101,14 +97,14 @@ def _attend_block(
 @triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "window"])  # they change per step
 def stream_attention_fwd(
     Q, K, V, Out, PartO, PartLse, Sinks,
-    q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr,
+    q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr, seg_stop_ptr,
     tile_query_ptr, range_ptr, ranges_ptr, limits_ptr,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
     kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    USE_SINKS: tl.constexpr, ORDERED: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):  # fmt: skip
     """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D],
     Sinks [H] float32 (read only with USE_SINKS)."""
@@ -124,16 +120,13 @@ def stream_attention_fwd(
     q_slot = tl.load(q_slot_ptr + query, mask=row_ok, other=-1).to(tl.int32)  # int32 keeps the masks small
     q_seg = tl.load(q_seg_ptr + query, mask=row_ok, other=-1)
     q_pos = tl.load(q_pos_ptr + query, mask=row_ok, other=0)
+    own_stop = tl.load(seg_stop_ptr + q_seg, mask=row_ok, other=0)  # one past the own segment's last slot
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     q = tl.load(Q + head[:, None] * stride_qh + query[:, None] * stride_qn + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
     if DOT_F32:
         q = q.to(tl.float32)
-    if ORDERED:  # no query sees a slot past its own
-        tile_stop = tl.minimum(tl.max(q_slot, 0) + 1, kv_len)
-    else:  # an ancestor's slots may lie past every query's
-        tile_stop = kv_len
     K += kv_head.to(tl.int64) * stride_kh  # int64: a long cache's H_kv * S * D can pass 2**31
     V += kv_head.to(tl.int64) * stride_vh
     # -- online softmax over the tile's ranges, RANGES at a time; split s takes every num_splits-th KV block --
@@ -149,7 +142,7 @@ def stream_attention_fwd(
     blocks_before = split * 0  # KV blocks of earlier chunks of ranges (a runtime int32 loop carry)
     for chunk in range(first_range, last_range, RANGES):
         r_start, r_stop, r_by_ids, r_first, r_blocks = _load_ranges(
-            chunk, last_range, ranges_ptr, q_slot_ptr, tile_stop, BLOCK_N, RANGES
+            chunk, last_range, ranges_ptr, q_slot_ptr, kv_len, BLOCK_N, RANGES
         )
         r_idx = tl.arange(0, RANGES)
         total = tl.sum(r_blocks, 0)
@@ -162,8 +155,8 @@ def stream_attention_fwd(
             limit = tl.load(limits_ptr + (chunk + r) * QUERIES + member, mask=row_ok, other=0)
             acc, m_i, l_i = _attend_block(
                 acc, m_i, l_i, q, start, stop, limit, by_ids != 0, K, V, stride_kn, stride_vn,
-                slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos,
-                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32, ORDERED,
+                slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos, own_stop,
+                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32,
             )  # fmt: skip
         blocks_before += total
     # -- epilogue: no real row sees nothing, but guard l_i == 0 (empty rows of a tile, empty splits) --

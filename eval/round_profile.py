@@ -1,0 +1,151 @@
+"""Where a corpus call's rounds spend their time: wall time against the GPU's time in the forwards.
+
+    python eval/round_profile.py --model codellama-7b --max-memory 24GB --docs 4 --questions 64 --out $OUT
+
+The workload of `eval/corpus_bench.py` (4k-token documents, answers of 16-512 tokens forced
+through EOS) through one call with continuous refill and one in static waves.  Every forward
+(captured decode step or eager round) is bracketed by CUDA events, so its GPU time is known
+without a profiler's overhead; wall time less that is the host's share of a round (planning,
+admission, generate's processors, the round's one sync).  Then `torch.profiler` over a window
+of `--profile-rounds` rounds of each gives the GPU time by kernel group (attention, GEMM, other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import hf_parallel  # noqa: E402
+from eval.corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
+from eval.profile_step import group_of  # noqa: E402
+from hf_parallel.runner import Runner  # noqa: E402
+
+
+class ForwardTimer:
+    """CUDA events around every captured step's replay and every eager `Runner.forward`: the GPU time of a round's
+    forward, the host's work before it (planning) not counted."""
+
+    def __init__(self):
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.originals = {
+            (Runner, "forward"): Runner.forward,
+            (torch.cuda.CUDAGraph, "replay"): torch.cuda.CUDAGraph.replay,
+        }
+
+    def __enter__(self):
+        for (owner, name), original in self.originals.items():
+            setattr(owner, name, self._wrap(original))
+        return self
+
+    def __exit__(self, *exc):
+        for (owner, name), original in self.originals.items():
+            setattr(owner, name, original)
+
+    def _wrap(self, original):
+        def timed(obj, *args, **kwargs):
+            if torch.cuda.is_current_stream_capturing():
+                return original(obj, *args, **kwargs)
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                stop.record()
+                self.events.append((start, stop))
+
+        return timed
+
+    def gpu_ms(self) -> float:
+        torch.cuda.synchronize()
+        return sum(a.elapsed_time(b) for a, b in self.events)
+
+
+def timed_call(model, prompts, targets, **options) -> dict:
+    processor = ForcedLength(len(prompts[0]), 2)
+    torch.cuda.synchronize()
+    with ForwardTimer() as timer:
+        start = time.perf_counter()
+        out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
+                                          logits_processor=[processor], progress=False, **options)  # fmt: skip
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        gpu = timer.gpu_ms() / 1e3
+    assert [len(a) for a in out] == targets
+    rounds = len(timer.events)
+    return {"wall_s": round(wall, 3), "forward_gpu_s": round(gpu, 3), "rounds": rounds,
+            "wall_ms_per_round": round(1e3 * wall / rounds, 2), "gpu_ms_per_round": round(1e3 * gpu / rounds, 2),
+            "tokens_per_s": round(sum(targets) / wall)}  # fmt: skip
+
+
+def profiled_rounds(model, prompts, targets, rounds: int, skip: int, **options) -> dict:
+    """GPU ms per round by kernel group over rounds [skip, skip + rounds) of a streamed call."""
+    processor = ForcedLength(len(prompts[0]), 2)
+    with ForwardTimer() as timer:
+        answers = hf_parallel.stream_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
+                                            logits_processor=[processor], progress=False, **options)  # fmt: skip
+        prof, first, start = None, 0, 0.0
+        for _ in answers:
+            if prof is None and len(timer.events) >= skip:
+                torch.cuda.synchronize()
+                prof = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                )
+                prof.__enter__()
+                first, start = len(timer.events), time.perf_counter()
+            if prof is not None and len(timer.events) - first >= rounds:
+                break
+        torch.cuda.synchronize()
+        wall, done = time.perf_counter() - start, len(timer.events) - first
+        prof.__exit__(None, None, None)
+        answers.close()
+    groups: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time_total > 0:
+            groups[group_of(event.key)] = groups.get(group_of(event.key), 0.0) + event.device_time_total
+    return {"profiled_rounds": done, "wall_ms_per_round_profiled": round(1e3 * wall / done, 2),
+            **{f"{g}_ms_per_round": round(us / 1e3 / done, 2) for g, us in sorted(groups.items())}}  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
+    parser.add_argument("--book", type=Path, default=BOOK)
+    parser.add_argument("--doc", type=int, default=4096)
+    parser.add_argument("--docs", type=int, default=4)
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--max-memory", default="24GB")
+    parser.add_argument("--profile-rounds", type=int, default=100)
+    parser.add_argument("--modes", default="refill,waves")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(SHAPES[args.model](), dtype=torch.bfloat16).eval()
+    vocab = model.config.vocab_size
+    book = [hash(w) % (vocab - 3) + 3 for w in gzip.open(args.book, "rt", encoding="utf-8-sig").read().split()]
+    prompts, targets = workload(book, args.docs, args.doc, args.questions, lambda rng: rng.randint(16, 512), 2, vocab)
+    common = dict(max_memory=args.max_memory)
+    timed_call(model, prompts[:64], targets[:64], **common)  # warm-up
+    report = {"model": args.model, "docs": args.docs, "questions": args.questions, "max_memory": args.max_memory}
+    for mode in args.modes.split(","):
+        options = dict(common, refill=mode == "refill")
+        report[mode] = timed_call(model, prompts, targets, **options)
+        report[mode].update(profiled_rounds(model, prompts, targets, args.profile_rounds, 200, **options))
+        print(mode, json.dumps(report[mode]), flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"round-profile-{args.model}.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
