@@ -123,7 +123,7 @@ def main(argv=None) -> None:
     parser.add_argument("--doc", type=int, default=4096)
     parser.add_argument("--docs", type=int, default=4)
     parser.add_argument("--questions", type=int, default=64)
-    parser.add_argument("--max-memory", default="24GB")
+    parser.add_argument("--max-memory", default="24GB", help="the row's budget; \"gpu\": the GPU's free memory")
     parser.add_argument("--profile-rounds", type=int, default=100)
     parser.add_argument("--modes", default="refill,waves")
     parser.add_argument("--out", type=Path)
@@ -134,7 +134,7 @@ def main(argv=None) -> None:
     vocab = model.config.vocab_size
     book = [hash(w) % (vocab - 3) + 3 for w in gzip.open(args.book, "rt", encoding="utf-8-sig").read().split()]
     prompts, targets = workload(book, args.docs, args.doc, args.questions, lambda rng: rng.randint(16, 512), 2, vocab)
-    common = dict(max_memory=args.max_memory)
+    common = dict(max_memory=None if args.max_memory == "gpu" else args.max_memory)
     timed_call(model, prompts[:64], targets[:64], **common)  # warm-up
     report = {"model": args.model, "docs": args.docs, "questions": args.questions, "max_memory": args.max_memory}
     for mode in args.modes.split(","):

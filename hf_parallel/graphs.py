@@ -2,7 +2,7 @@
 
 Each decode step is one forward over one token per live stream.  Its shape only
 depends on the number of live streams and the row's capacity, so the step is captured
-once per bucket (live count rounded up to a power of two) over a `StaticRow` (cache
+once per bucket of live counts (`bucket`) over a `StaticRow` (cache
 and slot ids of a fixed capacity, kept on the model and reused by later calls), with
 the capacity as kv_len, and replayed with the step's slots and tokens written in place.
 Padding rows repeat the last live row: they write the same K/V to the same slot, so
@@ -25,11 +25,15 @@ from .layout import Layout
 from .plan import AttentionPlan, Row, SlotIds
 
 Forward = Callable[[AttentionPlan, torch.Tensor, torch.Tensor], torch.Tensor]  # (plan, tokens, keep) -> logits
+FINE_BUCKETS = 64  # live streams past which buckets step by 1.5x, not 2x (the step's GEMMs are no longer bound by
+# reading the weights, so padded rows cost time)
 
 
 def bucket(n: int) -> int:
-    """Rows of the captured step that serves n live streams: n rounded up to a power of two."""
-    return 1 << (n - 1).bit_length()
+    """Rows of the captured step that serves n live streams: n rounded up to a power of two, or past
+    `FINE_BUCKETS` to 1.5 times one (96, 192, 384, ...), so that a large step pads at most a third."""
+    power = 1 << (n - 1).bit_length()
+    return power * 3 // 4 if power > FINE_BUCKETS and n <= power * 3 // 4 else power
 
 
 @dataclass

@@ -167,7 +167,7 @@ class Runner:
             left = int(running.sum())  # the one host sync of a step
             if step + 1 == room or left == 0:
                 break
-            if left < len(live) and (not self.captured_steps or left <= bucket(len(live)) // 2):
+            if left < len(live) and (not self.captured_steps or bucket(left) < bucket(len(live))):
                 processing.keep(running)
                 live, new, running, changed = live[running], new[running], running[running], True
             logits = self.step(answer_slots[live, step], new, changed)

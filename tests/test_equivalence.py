@@ -111,3 +111,15 @@ def test_interleaved_layout_gives_the_same_tokens(llama):
 def test_small_prefill_chunks_give_the_same_tokens(llama):
     gen = torch.Generator().manual_seed(14)
     _check(llama, _doc_questions(gen, 5), prefill_chunk=7)
+
+
+def test_buckets_pad_little_past_the_weight_bound_sizes():
+    """A captured step runs `bucket(n)` rows for n live streams: powers of two up to FINE_BUCKETS (the GEMMs read
+    the weights either way), then steps of 1.5x or 2x, so a large step pads at most a third of its rows."""
+    from hf_parallel.graphs import FINE_BUCKETS, bucket
+
+    sizes = [bucket(n) for n in range(1, 5000)]
+    assert all(b >= n for n, b in enumerate(sizes, 1))
+    assert all(b & (b - 1) == 0 for b in sizes[:FINE_BUCKETS])
+    assert all((b - n) * 3 <= b for n, b in enumerate(sizes, 1) if n > FINE_BUCKETS)
+    assert len(set(sizes)) <= 2 * 13  # few captures: two per doubling at most
