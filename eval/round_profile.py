@@ -127,6 +127,7 @@ def main(argv=None) -> None:
     parser.add_argument("--profile-rounds", type=int, default=100)
     parser.add_argument("--modes", default="refill,waves")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--tag", default="", help="suffix of the output file's name")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -144,7 +145,7 @@ def main(argv=None) -> None:
         print(mode, json.dumps(report[mode]), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"round-profile-{args.model}.json").write_text(json.dumps(report, indent=1))
+        (args.out / f"round-profile-{args.model}{args.tag}.json").write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
