@@ -12,7 +12,6 @@
      triton       the kernel, default tile plan and launch config
      triton_interleaved  the paper's layout (CodeLlama P=64 only)
      triton_p1    the kernel with one stream per row tile (every stream reads the document)
-     triton_anywhere  the kernel on the same layout marked as a refilled row's (ancestors may lie anywhere)
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
    own KV, q and o; bandwidth is against the copy bandwidth measured in the same run.
@@ -156,11 +155,6 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
         err = (fns[0]().float() - want.float()).abs().max().item()
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
                         config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
-    layout.kv_extent = layout.num_slots  # as a refilled row's snapshot says: ancestors may lie anywhere
-    tiles, cfg, fns = triton_run(layout, plan, q, kv)
-    err = (fns[0]().float() - want.float()).abs().max().item()
-    rows.append(row("triton_anywhere", measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles))
-    layout.kv_extent = None
     if streams == 64 and shape == "codellama-7b":
         il_layout, il_plan, il_q, il_kv, _ = decode_case(shape, streams, interleaved=True)
         _, cfg, fns = triton_run(il_layout, il_plan, il_q, il_kv)

@@ -25,8 +25,8 @@ from .layout import Layout
 from .plan import AttentionPlan, Row, SlotIds
 
 Forward = Callable[[AttentionPlan, torch.Tensor, torch.Tensor], torch.Tensor]  # (plan, tokens, keep) -> logits
-FINE_BUCKETS = 64  # live streams past which buckets step by 1.5x, not 2x (the step's GEMMs are no longer bound by
-# reading the weights, so padded rows cost time)
+FINE_BUCKETS = 64  # live streams past which a bucket may also be 3/4 of a power of two (the step's GEMMs are no
+# longer bound by reading the weights, so padded rows cost time)
 
 
 def bucket(n: int) -> int:

@@ -115,7 +115,7 @@ def test_small_prefill_chunks_give_the_same_tokens(llama):
 
 def test_buckets_pad_little_past_the_weight_bound_sizes():
     """A captured step runs `bucket(n)` rows for n live streams: powers of two up to FINE_BUCKETS (the GEMMs read
-    the weights either way), then steps of 1.5x or 2x, so a large step pads at most a third of its rows."""
+    the weights either way), then also 3/4 of one (96, 192, ...), so a large step pads at most a third of its rows."""
     from hf_parallel.graphs import FINE_BUCKETS, bucket
 
     sizes = [bucket(n) for n in range(1, 5000)]
