@@ -73,18 +73,18 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def decode_case(shape: str, streams: int, interleaved: bool = False):
+def decode_case(shape: str, streams: int, interleaved: bool = False, answer: int = ANSWER):
     """Layout, plan, q, per-layer K/V views and counted bytes of one decode step at the last answer step."""
     heads, kv_heads, dim = SHAPES[shape]
     gen = torch.Generator().manual_seed(streams)
     doc = torch.randint(3, 30000, (DOC,), generator=gen).tolist()
     prompts = [doc + torch.randint(3, 30000, (QUESTION,), generator=gen).tolist() for _ in range(streams)]
-    layout = build_layout(prompts, ANSWER, interleaved)
+    layout = build_layout(prompts, answer, interleaved)
     ids = SlotIds.from_layout(layout, torch.device("cuda"))
-    q_slot = layout.answer_slots[:, ANSWER - 1].cuda().contiguous()
+    q_slot = layout.answer_slots[:, answer - 1].cuda().contiguous()
     plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
     q = torch.randn(1, heads, streams, dim, device="cuda", dtype=torch.bfloat16)
-    step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (QUESTION + ANSWER)) + 2 * 2 * streams * heads * dim
+    step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (QUESTION + answer)) + 2 * 2 * streams * heads * dim
     layers = max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
     kv = []
     for _ in range(layers):
@@ -259,6 +259,74 @@ def bench_prefill(ceiling) -> list[dict]:
     return rows
 
 
+def tile_sweep(out: Path, ceiling: float) -> list[dict]:
+    """Streams per row tile against the own region's length: per layer µs of one decode step, every shape,
+    64-256 streams, answers of 96-992 slots so far (own regions of 128-1024), 1-64 streams a tile."""
+    rows = []
+    for shape, streams, answer in itertools.product(SHAPES, (64, 128, 256), (96, 480, 992)):
+        layout, plan, q, kv, step_bytes = decode_case(shape, streams, answer=answer)
+        want = None
+        for spt in (None, 32, 16, 8):
+            tiles, cfg, fns = triton_run(layout, plan, q, kv, streams_per_tile=spt)
+            got = fns[0]().float()
+            want = got if want is None else want
+            us = measure(fns)
+            rows.append({"shape": shape, "streams": streams, "own": QUESTION + answer, "streams_per_tile": spt,
+                         "us": round(us, 1), "of_copy_bw": round(step_bytes / (us * 1e-6) / ceiling, 3),
+                         "tiles": tiles.num_tiles, "block_m": tiles.block_m, "config": cfg.__dict__,
+                         "max_abs_diff_vs_default": round((got - want).abs().max().item(), 4)})  # fmt: skip
+            print("   ", rows[-1], flush=True)
+            (out / "tiles.json").write_text(json.dumps(rows, indent=1))
+        del kv
+        torch.cuda.empty_cache()
+    return rows
+
+
+def question_prefill_sweep(out: Path) -> list[dict]:
+    """The forward that prefills P questions of 6 tokens after an 8k document (the document's KV cached): per
+    layer µs of the kernel's default tiles and launch against other tile sizes and KV splits."""
+    rows = []
+    for shape, streams in itertools.product(SHAPES, (64, 256)):
+        heads, kv_heads, dim = SHAPES[shape]
+        gen = torch.Generator().manual_seed(streams)
+        doc = torch.randint(3, 30000, (DOC,), generator=gen).tolist()
+        prompts = [doc + torch.randint(3, 30000, (6,), generator=gen).tolist() for _ in range(streams)]
+        layout = build_layout(prompts, 128)
+        ids = SlotIds.from_layout(layout, torch.device("cuda"))
+        q_slot = torch.cat([torch.arange(s.slot_start, s.slot_start + s.length) for s in layout.segments[1:]
+                            if s.length == 6]).cuda()  # fmt: skip
+        plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
+        q = torch.randn(1, heads, len(q_slot), dim, device="cuda", dtype=torch.bfloat16)
+        kv = []
+        for _ in range(4):
+            cache = [torch.randn(1, kv_heads, layout.num_slots, dim, device="cuda", dtype=torch.bfloat16)
+                     for _ in "kv"]  # fmt: skip
+            kv.append(tuple(c[:, :, : plan.kv_len] for c in cache))
+        want = None
+        flops = 4 * heads * dim * len(q_slot) * DOC
+        for block_m, config in [(None, None), (None, (64, 2, 4, 3)), (None, (64, 4, 4, 3)), (128, (64, 1, 8, 3)),
+                                (128, (64, 2, 8, 3)), (128, (128, 1, 8, 2)), (64, (128, 1, 4, 2)),
+                                (32, (64, 1, 4, 3))]:  # fmt: skip
+            cfg = KernelConfig(*config) if config else None
+            try:
+                tiles, used, fns = triton_run(layout, plan, q, kv, block_m=block_m, config=cfg)
+                got = fns[0]().float()
+                want = got if want is None else want
+                us = measure(fns)
+            except Exception as exc:  # e.g. out of shared memory
+                print("    skip", block_m, config, type(exc).__name__, str(exc)[:120])
+                continue
+            rows.append({"shape": shape, "streams": streams, "queries": len(q_slot), "block_m": tiles.block_m,
+                         "tiles": tiles.num_tiles, "config": used.__dict__, "us": round(us, 1),
+                         "TFLOP/s": round(flops / us / 1e6, 1),
+                         "max_abs_diff_vs_default": round((got - want).abs().max().item(), 4)})  # fmt: skip
+            print("   ", rows[-1], flush=True)
+            (out / "question-prefill.json").write_text(json.dumps(rows, indent=1))
+        del kv
+        torch.cuda.empty_cache()
+    return rows
+
+
 def write_summary(out: Path, results: dict) -> None:
     lines = [f"# Triton kernel GPU check\n\ndevice: {results['device']}, copy bandwidth "
              f"{results['copy_GBps']} GB/s\n\npytest: {results['tests']}\n",
@@ -280,9 +348,18 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=330, help="seconds for the whole script (sweeps stop early)")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--tiles", action="store_true", help="only the streams-per-tile sweep (tiles.json)")
+    parser.add_argument("--question-prefill", action="store_true",
+                        help="only the questions' prefill sweep (question-prefill.json)")  # fmt: skip
     args = parser.parse_args()
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.tiles:
+        tile_sweep(args.out, copy_bandwidth())
+        return
+    if args.question_prefill:
+        question_prefill_sweep(args.out)
+        return
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     results["tests"] = "skipped" if args.skip_tests else run_tests(args.out, args.test_timeout)
     results["copy_GBps"] = round(copy_bandwidth() / 1e9)
