@@ -10,7 +10,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
                auto-compile on CUDA), every chunk timed, compilation excluded (reported as warmup_s)
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
   pp_triton    hf_parallel's default: Triton stream-id kernel, CUDA graphs, the layers' norms and MLPs compiled
-  pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled norms)
+  pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled parts)
+  pp_norms_only  pp_triton with the norms compiled but not the rotary embedding (its ablation)
   pp_p1        the same kernel with one stream per row tile (each stream reads the document
                itself, as a prefix-caching server does): the ratio isolates reading once
   pp_interleaved  the reference paper's interleaved layout (ablation)
@@ -50,8 +51,10 @@ import transformers
 from hf_parallel import GenerationOptions, Session
 from hf_parallel.attention import resolve_backend
 from hf_parallel.attention.triton import TritonBackend
+from hf_parallel.fusion import FUNCTION
 from hf_parallel.layout import build_layout
 from hf_parallel.runner import Runner
+from hf_parallel.support import check_support
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -70,8 +73,11 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
 METHODS = {  # generate_tokens options, and whether the layout is the paper's interleaved one (an ablation)
     "pp_triton": (dict(attn="triton"), False),
     "pp_unfused": (dict(attn="triton", compile=False), False),
+    "pp_norms_only": (dict(attn="triton", fuse_rotary=False), False),
     "pp_reference": (dict(attn="reference"), False),
     "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1)), False),
+    "pp_spt16": (dict(attn=TritonBackend(streams_per_tile=16)), False),
+    "pp_spt32": (dict(attn=TritonBackend(streams_per_tile=32)), False),
     "pp_interleaved": (dict(attn="triton"), True),
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
@@ -129,10 +135,19 @@ def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bo
              session: Session | None = None) -> list[list[int]]:  # fmt: skip
     """`generate_tokens` through its Runner, so the benchmark's ablations (the layout, the backend) can be set;
     a `Session` keeps the row (and its captured steps) between the warm-up and the timed runs."""
+    options = dict(options)
+    fuse_rotary = options.pop("fuse_rotary", True)
     opts = GenerationOptions.resolve(model, max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192,
                                      **options)  # fmt: skip
     layout = build_layout(prompts, max_new_tokens, interleaved)
-    return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), session=session).run()
+    support = check_support(model)
+    parts = support.fusable
+    if not fuse_rotary:  # the ablation: the norms compiled, the rotary embedding as the model runs it
+        support.fusable = [p for p in parts if not p.startswith(FUNCTION)]
+    try:
+        return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), session=session).run()
+    finally:
+        support.fusable = parts
 
 
 SESSIONS: dict = {}  # model -> its Session: one row kept between a method's runs, released by free_memory
@@ -414,7 +429,8 @@ def plot(results: list[dict], path: Path) -> None:
         key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
-                           "pp_kernel_prefill", "pp_unfused", "pp_triton", "pp_triton_compiled", "roofline"]
+                           "pp_spt32", "pp_spt16", "pp_kernel_prefill", "pp_unfused", "pp_norms_only", "pp_triton",
+                           "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

@@ -1,4 +1,4 @@
-"""The decoder layers' norms fused by `torch.compile`, one module class at a time.
+"""The decoder layers' norms and rotary embedding fused by `torch.compile`, one class or function at a time.
 
 A decode step over 64 streams is mostly weight reads, yet eagerly each layer also runs some thirty small
 kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, cast and scale), each a few
@@ -7,7 +7,11 @@ microseconds even inside a CUDA graph.  Compiling the whole model fuses them but
 and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class (the
 token count dynamic) and every layer reuses it.
 
-A part is fusable when it is a norm: no children, only 1-D parameters.  Dense MLPs were measured compiled too
+A part is fusable when it is a norm: no children, only 1-D parameters; or when it is the rotary embedding
+function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
+ten kernels a layer (a multiply, a negation, a concatenation, a multiply and an add, for q and for k), compiled
+one.  The function is swapped in its module for the block, so every layer's call goes through one compiled
+graph; a part named `fn:module.function`.  Dense MLPs were measured compiled too
 (their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
 graph added about 5 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
 (`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
@@ -16,6 +20,8 @@ graph added about 5 s to the first call.  Inductor emulates eager's rounding aft
 from __future__ import annotations
 
 import contextlib
+import sys
+import types
 import warnings
 
 import torch
@@ -34,8 +40,13 @@ def recompile_limit(limit: int):
     return config.patch(**{name: max(getattr(config, name), limit)})
 
 
+ROTARY = "apply_rotary_pos_emb"  # the name every modeling file that copies Llama's attention gives it
+FUNCTION = "fn:"  # a part that is a modeling module's function, not a submodule
+
+
 def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
-    """Names of the norms of the decoder layers that hold the modules in `attention`."""
+    """Names of the norms of the decoder layers that hold the modules in `attention`, and `fn:` names of the
+    rotary embedding functions those modules' forwards call."""
     names = {module: name for name, module in model.named_modules()}
     layers = {names[m].rpartition(".")[0] for m in attention if m in names and "." in names[m]}
     parts = []
@@ -43,7 +54,12 @@ def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
         for child_name, child in model.get_submodule(layer).named_children():
             if child not in attention and _is_norm(child):
                 parts.append(f"{layer}.{child_name}")
-    return parts
+    for cls in sorted({type(m) for m in attention}, key=lambda c: c.__module__):
+        forward = getattr(cls.forward, "__wrapped__", cls.forward)  # under transformers' kwarg decorators
+        function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
+        if isinstance(function, types.FunctionType) and ROTARY in getattr(forward, "__code__", forward).co_names:
+            parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
+    return sorted(set(parts), key=parts.index)
 
 
 def _natural(name: str):
@@ -56,41 +72,61 @@ def _is_norm(module: nn.Module) -> bool:
 
 
 class _Fused:
-    """A part's forward through its class's compiled function; eager again (with one warning) if compiling fails."""
+    """A part's forward through its class's compiled function (or a function through its compiled self); eager
+    again (with one warning) if compiling fails."""
 
-    failed: set[type] = set()  # classes whose compilation failed in this process
-    compiled: dict[type, object] = {}
+    failed: set = set()  # classes and functions whose compilation failed in this process
+    compiled: dict = {}
 
-    def __init__(self, module: nn.Module):
-        self.module, self.eager, self.cls = module, module.forward, type(module)
-        if self.cls not in _Fused.compiled:  # one function per class: Dynamo caches on its code, guards on shapes
-            _Fused.compiled[self.cls] = torch.compile(self.cls.forward, dynamic=True, options=OPTIONS)
-        self.fn = _Fused.compiled[self.cls]
+    def __init__(self, module: nn.Module | None = None, function: types.FunctionType | None = None):
+        self.module = module
+        self.key = type(module) if module is not None else function  # one compiled function per class
+        self.eager = module.forward if module is not None else function
+        if self.key not in _Fused.compiled:  # Dynamo caches on the code, guards on shapes
+            code = self.key.forward if module is not None else function
+            _Fused.compiled[self.key] = torch.compile(code, dynamic=True, options=OPTIONS)
+        self.fn = _Fused.compiled[self.key]
+        self.__wrapped__ = self.eager
 
     def __call__(self, *args, **kwargs):
-        cls = self.cls
-        if cls not in _Fused.failed:
+        key = self.key
+        if key not in _Fused.failed:
             try:
+                if self.module is None:
+                    return self.fn(*args, **kwargs)
                 return self.fn(self.module, *args, **kwargs)
             except Exception as err:  # noqa: BLE001 - a real input error recurs below, eagerly
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                     raise
-                warnings.warn(f"torch.compile of {cls.__name__} failed ({type(err).__name__}: {err}); "
+                warnings.warn(f"torch.compile of {key.__name__} failed ({type(err).__name__}: {err}); "
                               "running it as it is", stacklevel=2)  # fmt: skip
-                _Fused.failed.add(cls)
+                _Fused.failed.add(key)
         return self.eager(*args, **kwargs)
 
 
 @contextlib.contextmanager
 def fused(model: nn.Module, parts: list[str]):
-    """For the block: each part in `parts` runs its forward compiled (an instance attribute, removed after)."""
-    modules = [model.get_submodule(name) for name in parts]
+    """For the block: each part in `parts` runs compiled: a module's forward (an instance attribute, removed
+    after), a function (swapped in its module, put back after)."""
+    modules = [model.get_submodule(name) for name in parts if not name.startswith(FUNCTION)]
     modules = [m for m in modules if "forward" not in vars(m)]  # a forward of its own (a hook's): left alone
+    functions = []
+    for name in parts:
+        if name.startswith(FUNCTION):
+            where, _, attr = name[len(FUNCTION) :].rpartition(".")
+            owner = sys.modules[where]
+            function = getattr(owner, attr)
+            if isinstance(function, types.FunctionType):  # not already swapped (a call within a call)
+                functions.append((owner, attr, function))
     for module in modules:
         module.forward = _Fused(module)
+    for owner, attr, function in functions:
+        setattr(owner, attr, _Fused(function=function))
     try:
-        with recompile_limit(RECOMPILE_LIMIT) if modules else contextlib.nullcontext():
+        with recompile_limit(RECOMPILE_LIMIT) if modules or functions else contextlib.nullcontext():
             yield
     finally:
         for module in modules:
             del module.forward
+        for owner, attr, function in functions:
+            setattr(owner, attr, function)

@@ -1,6 +1,6 @@
-"""`compile="layers"` (and "auto" where decode steps are captured): the decoder layers' norms compiled, one
-graph per norm class that every layer reuses, give `model.generate`'s tokens and leave the model
-as it was.
+"""`compile="layers"` (and "auto" where decode steps are captured): the decoder layers' norms and rotary
+embedding compiled, one graph per norm class and one for the rotary function that every layer reuses, give
+`model.generate`'s tokens and leave the model and its modeling module as they were.
 
 `compile=True`: decode steps through `torch.compile` of the model (the Triton kernel an opaque custom op) give
 plain `model.generate`'s tokens, steps of one live-stream count reuse one compiled graph (no per-step
@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch._dynamo.utils
 import transformers
+from transformers.models.llama import modeling_llama
 
 from hf_parallel import generate_tokens
 from hf_parallel.support import check_support
@@ -108,15 +109,19 @@ def test_layer_parts_match_generate_and_compile_once_for_every_layer():
                                       num_key_value_heads=2)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     parts = check_support(model).fusable
-    assert len(parts) == 8 and {type(model.get_submodule(p)).__name__ for p in parts} == {"LlamaRMSNorm"}
+    norms = [p for p in parts if not p.startswith("fn:")]
+    assert len(norms) == 8 and {type(model.get_submodule(p)).__name__ for p in norms} == {"LlamaRMSNorm"}
+    assert parts[8:] == ["fn:transformers.models.llama.modeling_llama.apply_rotary_pos_emb"]
+    rotary = modeling_llama.apply_rotary_pos_emb
     gen = torch.Generator().manual_seed(2)
     doc = random_tokens(24, gen)
     prompts = [doc + random_tokens(2 + i, gen) for i in range(4)]
     before = _compiled_graphs()
     got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
     assert got == [generate_alone(model, p, 6, None) for p in prompts]
-    assert _compiled_graphs() - before == 1  # one for the norm class, not one per layer
+    assert _compiled_graphs() - before == 2  # one for the norm class and one for the rotary function, not per layer
     assert _own_forwards(model) == []  # the compiled forwards were the call's only
+    assert modeling_llama.apply_rotary_pos_emb is rotary  # and the function is the module's own again
     before = _compiled_graphs()
     generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
     assert _compiled_graphs() == before
@@ -137,10 +142,10 @@ def test_auto_fuses_only_where_steps_are_captured(llama):
 
 
 def test_a_mixture_of_experts_is_left_uncompiled():
-    """gpt-oss: its norms fuse; its experts (tokens routed by value) and its sinks' attention run as they are."""
+    """gpt-oss: its norms and rotary embedding fuse; its experts (tokens routed by value) and its sinks' attention run as they are."""
     model = tiny_model("gpt_oss")
     parts = check_support(model).fusable
-    assert parts and all(p.endswith("layernorm") for p in parts)
+    assert parts and all(p.endswith(("layernorm", "apply_rotary_pos_emb")) for p in parts)
     gen = torch.Generator().manual_seed(8)
     doc = random_tokens(20, gen)
     prompts = [doc + random_tokens(3, gen) for _ in range(3)]
@@ -159,13 +164,17 @@ def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
     def broken(module, *args, **kwargs):
         raise RuntimeError("backend unavailable")
 
-    classes = {type(llama.get_submodule(p)) for p in check_support(llama).fusable}
+    parts = check_support(llama).fusable
+    classes = {type(llama.get_submodule(p)) for p in parts if not p.startswith("fn:")}
+    classes.add(modeling_llama.apply_rotary_pos_emb)  # the rotary function: keyed by itself
     monkeypatch.setattr(fusion._Fused, "compiled", dict.fromkeys(classes, broken))
     monkeypatch.setattr(fusion._Fused, "failed", set())
     gen = torch.Generator().manual_seed(9)
     prompts = [random_tokens(12, gen) for _ in range(3)]
-    with pytest.warns(UserWarning, match="torch.compile of LlamaRMSNorm failed"):
+    with pytest.warns(UserWarning, match="torch.compile of .* failed") as record:
         got = generate_tokens(llama, prompts, max_new_tokens=5, eos_token_id=[], compile="layers")
+    warned = sorted(str(w.message).split()[2] for w in record)
+    assert warned == ["LlamaRMSNorm", "apply_rotary_pos_emb"]  # once each
     assert got == [generate_alone(llama, p, 5, None) for p in prompts]
     assert fusion._Fused.failed == classes and _own_forwards(llama) == []
 
