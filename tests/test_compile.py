@@ -142,7 +142,8 @@ def test_auto_fuses_only_where_steps_are_captured(llama):
 
 
 def test_a_mixture_of_experts_is_left_uncompiled():
-    """gpt-oss: its norms and rotary embedding fuse; its experts (tokens routed by value) and its sinks' attention run as they are."""
+    """gpt-oss: its norms and rotary embedding fuse; its experts (tokens routed by value) and its sinks' attention
+    run as they are."""
     model = tiny_model("gpt_oss")
     parts = check_support(model).fusable
     assert parts and all(p.endswith(("layernorm", "apply_rotary_pos_emb")) for p in parts)
