@@ -56,8 +56,9 @@ def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
                 parts.append(f"{layer}.{child_name}")
     for cls in sorted({type(m) for m in attention}, key=lambda c: c.__module__):
         forward = getattr(cls.forward, "__wrapped__", cls.forward)  # under transformers' kwarg decorators
+        code = getattr(forward, "__code__", None)
         function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
-        if isinstance(function, types.FunctionType) and ROTARY in getattr(forward, "__code__", forward).co_names:
+        if isinstance(function, types.FunctionType) and code is not None and ROTARY in code.co_names:
             parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
     return sorted(set(parts), key=parts.index)
 

@@ -63,8 +63,8 @@ class Support:
     stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers), measured by the probe.
     token_by_token: the mixers' multi-token path ignores a start state (Jamba's, Zamba's scan starts from
                  zeros): a segment continuing from a state runs a token at a time.
-    fusable:     names of the decoder layers' norms, which `compile="layers"` fuses
-                 (`hf_parallel.fusion`).
+    fusable:     names of the decoder layers' norms and (`fn:module.name`) of the rotary embedding function
+                 their attention calls, which `compile="layers"` fuses (`hf_parallel.fusion`).
     """
 
     kinds: list[str]
