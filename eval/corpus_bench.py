@@ -14,6 +14,9 @@ decodes exactly the same tokens per stream.
              or just under it after the first)
     after    8k x 128 questions x 1,024 tokens alone, then 8k x 1,024 questions x 256 tokens (more
              slots than the GPU holds: refilled), then the first again, in the same session
+    generate_batch  the first `--gb-docs` documents of `fits` (same prompts, same answer lengths) through
+             hf_parallel and through Transformers' continuous batching (`model.generate_batch`'s manager,
+             paged attention, prefix block sharing on, each request its own max_new_tokens), side by side
 
     python eval/corpus_bench.py --model codellama-7b --out results/corpus
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import inspect
 import json
 import random
 import time
@@ -96,6 +100,36 @@ def run(model, prompts, targets, session, **options) -> dict:
             "streams": len(prompts), "slots_needed": build_layout(prompts, max(targets)).num_slots}  # fmt: skip
 
 
+def run_generate_batch(model, prompts, targets) -> dict:
+    """Transformers' continuous batching on the prompts, greedy, request i stopping after targets[i] tokens (no EOS):
+    the tokens hf_parallel decodes under `ForcedLength`.  Needs a manager whose `add_request` takes max_new_tokens."""
+    config = transformers.GenerationConfig(max_new_tokens=max(targets), do_sample=False, eos_token_id=None,
+                                           pad_token_id=0)  # fmt: skip
+    batching = transformers.ContinuousBatchingConfig(allow_block_sharing=True)
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching,
+                                                   block=True, timeout=5) as manager:  # fmt: skip
+        if "max_new_tokens" not in inspect.signature(manager.add_request).parameters:
+            raise RuntimeError(f"transformers {transformers.__version__}: add_request takes no max_new_tokens")
+        ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(prompts, targets)]
+        done = {}
+        while len(done) < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done[result.request_id] = result
+            elif result is None and not manager.is_running():
+                raise RuntimeError(f"generate_batch's manager stopped with {len(done)} of {len(ids)} requests done")
+    torch.cuda.synchronize() if torch.cuda.is_available() else None
+    seconds = time.perf_counter() - start
+    assert [len(done[i].generated_tokens) for i in ids] == targets, "every request must stop at its length"
+    tokens = sum(targets)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_gib": peak,
+            "streams": len(prompts), "answers": [done[i].generated_tokens for i in ids]}  # fmt: skip
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SHAPES), default="codellama-7b")
@@ -111,6 +145,7 @@ def main(argv=None) -> None:
         "--streams-per-tile", type=int, help="the Triton kernel's streams per row tile (default: as many as fit)"
     )
     parser.add_argument("--tag", default="", help="suffix of the output file's name")
+    parser.add_argument("--gb-docs", type=int, default=1, help="documents of the generate_batch comparison")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -163,6 +198,20 @@ def main(argv=None) -> None:
                              ("8k x 128q x 1024a after it", (long, targets))):  # fmt: skip
             report["runs"][name] = run(model, p, t, session, **common)
             print(name, report["runs"][name], flush=True)
+    if "generate_batch" in parts:  # the first documents of `fits`: the same prompts, the same answer lengths
+        prompts, targets = workload(book, args.fit_docs, args.doc, args.questions, variable, 1, vocab)
+        prompts, targets = prompts[: args.gb_docs * args.questions], targets[: args.gb_docs * args.questions]
+        run(model, prompts[:8], targets[:8], session, **common)  # warm-ups
+        run_generate_batch(model, prompts[:8], [min(t, 16) for t in targets[:8]])
+        pp = run(model, prompts, targets, session, **common)
+        batched = run_generate_batch(model, prompts, targets)
+        ours = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
+                                           logits_processor=[ForcedLength(len(prompts[0]), 2)], session=session,
+                                           **common)  # fmt: skip
+        same = sum(a[: n - 1] == b[: n - 1] for a, b, n in zip(ours, batched.pop("answers"), targets))
+        report["runs"]["generate_batch"] = {**batched, "pp": pp, "pp_speedup": batched["seconds"] / pp["seconds"],
+                                            "same_answers_but_the_last_token": same}  # fmt: skip
+        print("generate_batch", report["runs"]["generate_batch"], flush=True)
     session.release()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

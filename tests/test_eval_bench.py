@@ -103,3 +103,18 @@ def test_squad_calls_times_one_call_against_calls_of_documents(tmp_path):
     report = json.loads(out.read_text())
     assert (report["documents"], report["questions"], report["docs_per_call"]) == (2, 4, 1)
     assert 1 <= report["mean_answer_tokens"] <= squad_calls.MAX_NEW and report["one_call_s"] > 0
+
+
+def test_corpus_generate_batch_stops_each_request_at_its_length_with_generates_tokens():
+    """eval/corpus_bench.py's comparison with Transformers' continuous batching: request i decodes exactly its own
+    number of tokens, and (fp32, greedy) they are `model.generate`'s on that prompt alone."""
+    spec = importlib.util.spec_from_file_location("eval_corpus", Path(__file__).parents[1] / "eval" / "corpus_bench.py")
+    corpus = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(corpus)
+    model = tiny_model("llama")
+    prompts = [DOC + q for q in QUESTIONS]
+    targets = [3, 7, 1, 5]
+    got = corpus.run_generate_batch(model, prompts, targets)
+    want = [model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)[0, len(p):].tolist() for p, n in zip(prompts, targets)]  # fmt: skip
+    assert got["answers"] == want and got["tokens"] == sum(targets)
