@@ -105,6 +105,8 @@ def run_generate_batch(model, prompts, targets) -> dict:
     the tokens hf_parallel decodes under `ForcedLength`.  Needs a manager whose `add_request` takes max_new_tokens."""
     config = transformers.GenerationConfig(max_new_tokens=max(targets), do_sample=False, eos_token_id=None,
                                            pad_token_id=0)  # fmt: skip
+    if not hasattr(transformers, "ContinuousBatchingConfig"):
+        raise RuntimeError(f"transformers {transformers.__version__} has no ContinuousBatchingConfig (5.24 has)")
     batching = transformers.ContinuousBatchingConfig(allow_block_sharing=True)
     torch.cuda.synchronize() if torch.cuda.is_available() else None
     torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
