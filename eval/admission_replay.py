@@ -10,6 +10,9 @@ prefilled (documents copied count again).  A round's admissions are
 counted as prefilled in that round, whatever the prefill chunk.
 
     python eval/admission_replay.py --capacity 40691 --streams 4096 --questions 64   # corpus_bench, 24 GB
+
+`--exact-room` replays both schedules again with each answer's room its own length, an oracle for answer
+room that grows as the answer does (the row reserves the longest answer's room for every stream now).
 """
 
 from __future__ import annotations
@@ -22,8 +25,25 @@ from hf_parallel.admission import Admission
 from hf_parallel.budget import RowBudget
 
 
-def replay(prompts, targets, groups, capacity: int, streams: int, refill: bool) -> dict:
-    admission = Admission(prompts, groups, max(targets), RowBudget(capacity, streams, 0), refill)
+class ExactRoom(Admission):
+    """An oracle: each prompt's answer room is its own answer's length, not the longest (an upper bound for answer
+    room that grows as the answer does)."""
+
+    def __init__(self, targets: list[int], *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.targets = targets
+
+    def _place(self, group, live):
+        self.room = self.targets[group[0]]
+        return super()._place(group, live)
+
+
+def replay(prompts, targets, groups, capacity: int, streams: int, refill: bool, exact_room: bool = False) -> dict:
+    budget = RowBudget(capacity, streams, 0)
+    if exact_room:
+        admission = ExactRoom(targets, prompts, groups, max(targets), budget, refill)
+    else:
+        admission = Admission(prompts, groups, max(targets), budget, refill)
     live: dict[int, int] = {}  # stream -> tokens still to decode
     cohort: dict[int, int] = {}  # stream -> the round it was admitted in (the engine's `Cohort`)
     rounds = admitting = prefilled = live_sum = cohort_sum = 0
@@ -52,6 +72,7 @@ def main(argv=None) -> None:
     parser.add_argument("--doc", type=int, default=4096)
     parser.add_argument("--questions", type=int, default=128)
     parser.add_argument("--docs", type=int, default=8)
+    parser.add_argument("--exact-room", action="store_true", help="also replay with each answer's room its own length")
     args = parser.parse_args(argv)
     book = list(range(3, 1_000_003))  # distinct documents; only their lengths matter here
     prompts, targets = workload(book, args.docs, args.doc, args.questions, lambda rng: rng.randint(16, 512), 2,
@@ -59,6 +80,10 @@ def main(argv=None) -> None:
     groups = [list(range(d * args.questions, (d + 1) * args.questions)) for d in range(args.docs)]
     for refill in (True, False):
         print("refill" if refill else "waves", replay(prompts, targets, groups, args.capacity, args.streams, refill))
+    if args.exact_room:
+        for refill in (True, False):
+            got = replay(prompts, targets, groups, args.capacity, args.streams, refill, exact_room=True)
+            print("refill" if refill else "waves", "with exact answer room", got)
 
 
 if __name__ == "__main__":
