@@ -49,8 +49,9 @@ class GenerationOptions:
                        mask's memory bounds the reference's; the Triton path builds no mask).
     cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
     compile:           "auto" (default): where decode steps are captured (CUDA), the decoder layers' norms
-                       through `torch.compile`, one graph per norm class that every layer reuses (a few
-                       seconds, once per process); elsewhere nothing compiled.
+                       and rotary embedding through `torch.compile`, one graph per norm class and one for
+                       the rotary function, reused by every layer (a few seconds, once per process);
+                       elsewhere nothing compiled.
                        "layers": the same on any device.  True: the whole model's decode step compiled
                        (the attention kernel an opaque op; a call compiles at most three graphs, tens of
                        seconds for a 7B model in a fresh process).  False: nothing compiled.

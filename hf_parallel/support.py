@@ -272,7 +272,7 @@ def _cache_class(model: PreTrainedModel) -> type:
 @contextlib.contextmanager
 def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
-    with `fuse`, the layers' norms compiled (`hf_parallel.fusion`)."""
+    with `fuse`, the layers' norms and rotary embedding compiled (`hf_parallel.fusion`)."""
     hooks = [model.get_submodule(name).register_forward_pre_hook(_inject_plan, with_kwargs=True)
              for name in support.plan_hooks]  # fmt: skip
     swapped = []
