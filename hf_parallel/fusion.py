@@ -87,7 +87,6 @@ class _Fused:
             code = self.key.forward if module is not None else function
             _Fused.compiled[self.key] = torch.compile(code, dynamic=True, options=OPTIONS)
         self.fn = _Fused.compiled[self.key]
-        self.__wrapped__ = self.eager
 
     def __call__(self, *args, **kwargs):
         key = self.key
