@@ -83,21 +83,31 @@ def workload(book: list[int], docs: int, doc_len: int, questions: int, lengths, 
     return prompts, targets
 
 
-def run(model, prompts, targets, session, **options) -> dict:
+def timed(fn, targets) -> tuple[dict, list]:
+    """(figures, answers) of one call of `fn`: wall seconds, answer tokens per second, peak GPU memory."""
+    cuda = torch.cuda.is_available()
+    torch.cuda.synchronize() if cuda else None
+    torch.cuda.reset_peak_memory_stats() if cuda else None
+    start = time.perf_counter()
+    answers = fn()
+    torch.cuda.synchronize() if cuda else None
+    seconds = time.perf_counter() - start
+    assert [len(a) for a in answers] == targets, "every stream must stop at its coded length"
+    tokens = sum(targets)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_gib": peak,
+            "streams": len(targets)}, answers  # fmt: skip
+
+
+def run(model, prompts, targets, session, answers: bool = False, **options) -> dict:
+    """hf_parallel on the prompts, each stream forced to EOS at its coded length (`answers`: with the tokens)."""
     eos = 2
     processor = ForcedLength(len(prompts[0]), eos)
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
-    start = time.perf_counter()
-    out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=eos, do_sample=False,
-                                      logits_processor=[processor], session=session, **options)  # fmt: skip
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    seconds = time.perf_counter() - start
-    assert [len(a) for a in out] == targets, "every stream must stop at its coded length"
-    tokens = sum(targets)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_gib": peak,
-            "streams": len(prompts), "slots_needed": build_layout(prompts, max(targets)).num_slots}  # fmt: skip
+    figures, out = timed(lambda: hf_parallel.generate_tokens(
+        model, prompts, max_new_tokens=max(targets), eos_token_id=eos, do_sample=False, logits_processor=[processor],
+        session=session, **options), targets)  # fmt: skip
+    figures["slots_needed"] = build_layout(prompts, max(targets)).num_slots
+    return {**figures, "answers": out} if answers else figures
 
 
 def run_generate_batch(model, prompts, targets) -> dict:
@@ -108,28 +118,24 @@ def run_generate_batch(model, prompts, targets) -> dict:
     if not hasattr(transformers, "ContinuousBatchingConfig"):
         raise RuntimeError(f"transformers {transformers.__version__} has no ContinuousBatchingConfig (5.24 has)")
     batching = transformers.ContinuousBatchingConfig(allow_block_sharing=True)
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
-    start = time.perf_counter()
-    with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching,
-                                                   block=True, timeout=5) as manager:  # fmt: skip
-        if "max_new_tokens" not in inspect.signature(manager.add_request).parameters:
-            raise RuntimeError(f"transformers {transformers.__version__}: add_request takes no max_new_tokens")
-        ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(prompts, targets)]
-        done = {}
-        while len(done) < len(ids):
-            result = manager.get_result(timeout=1)
-            if result is not None and result.is_finished():
-                done[result.request_id] = result
-            elif result is None and not manager.is_running():
-                raise RuntimeError(f"generate_batch's manager stopped with {len(done)} of {len(ids)} requests done")
-    torch.cuda.synchronize() if torch.cuda.is_available() else None
-    seconds = time.perf_counter() - start
-    assert [len(done[i].generated_tokens) for i in ids] == targets, "every request must stop at its length"
-    tokens = sum(targets)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-    return {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds, "peak_gib": peak,
-            "streams": len(prompts), "answers": [done[i].generated_tokens for i in ids]}  # fmt: skip
+
+    def generate():
+        with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching,
+                                                       block=True, timeout=5) as manager:  # fmt: skip
+            if "max_new_tokens" not in inspect.signature(manager.add_request).parameters:
+                raise RuntimeError(f"transformers {transformers.__version__}: add_request takes no max_new_tokens")
+            ids = [manager.add_request(p, max_new_tokens=n) for p, n in zip(prompts, targets)]
+            done = {}
+            while len(done) < len(ids):
+                result = manager.get_result(timeout=1)
+                if result is not None and result.is_finished():
+                    done[result.request_id] = result
+                elif result is None and not manager.is_running():
+                    raise RuntimeError(f"generate_batch's manager stopped with {len(done)} of {len(ids)} requests done")
+        return [done[i].generated_tokens for i in ids]
+
+    figures, answers = timed(generate, targets)
+    return {**figures, "answers": answers}
 
 
 def main(argv=None) -> None:
@@ -205,12 +211,10 @@ def main(argv=None) -> None:
         prompts, targets = prompts[: args.gb_docs * args.questions], targets[: args.gb_docs * args.questions]
         run(model, prompts[:8], targets[:8], session, **common)  # warm-ups
         run_generate_batch(model, prompts[:8], [min(t, 16) for t in targets[:8]])
-        pp = run(model, prompts, targets, session, **common)
+        pp = run(model, prompts, targets, session, answers=True, **common)
         batched = run_generate_batch(model, prompts, targets)
-        ours = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
-                                           logits_processor=[ForcedLength(len(prompts[0]), 2)], session=session,
-                                           **common)  # fmt: skip
-        same = sum(a[: n - 1] == b[: n - 1] for a, b, n in zip(ours, batched.pop("answers"), targets))
+        ours, theirs = pp.pop("answers"), batched.pop("answers")
+        same = sum(a[: n - 1] == b[: n - 1] for a, b, n in zip(ours, theirs, targets))
         report["runs"]["generate_batch"] = {**batched, "pp": pp, "pp_speedup": batched["seconds"] / pp["seconds"],
                                             "same_answers_but_the_last_token": same}  # fmt: skip
         print("generate_batch", report["runs"]["generate_batch"], flush=True)

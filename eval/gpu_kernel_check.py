@@ -73,19 +73,25 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def decode_case(shape: str, streams: int, interleaved: bool = False, answer: int = ANSWER):
-    """Layout, plan, q, per-layer K/V views and counted bytes of one decode step at the last answer step."""
+def decode_case(shape: str, streams: int, interleaved: bool = False, answer: int = ANSWER, question: int = QUESTION,
+                prefill: bool = False, layers: int | None = None):  # fmt: skip
+    """Layout, plan, q, per-layer K/V views and counted bytes of one decode step at the last answer step (prefill:
+    of the forward that writes every question after the document; layers: K/V copies, default enough to flush L2)."""
     heads, kv_heads, dim = SHAPES[shape]
     gen = torch.Generator().manual_seed(streams)
     doc = torch.randint(3, 30000, (DOC,), generator=gen).tolist()
-    prompts = [doc + torch.randint(3, 30000, (QUESTION,), generator=gen).tolist() for _ in range(streams)]
+    prompts = [doc + torch.randint(3, 30000, (question,), generator=gen).tolist() for _ in range(streams)]
     layout = build_layout(prompts, answer, interleaved)
     ids = SlotIds.from_layout(layout, torch.device("cuda"))
-    q_slot = layout.answer_slots[:, answer - 1].cuda().contiguous()
+    if prefill:
+        questions = [layout.segments[layout.segments[a].parent] for a in layout.answer_segs]
+        q_slot = torch.cat([torch.arange(s.slot_start, s.slot_start + s.length) for s in questions]).cuda()
+    else:
+        q_slot = layout.answer_slots[:, answer - 1].cuda().contiguous()
     plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
-    q = torch.randn(1, heads, streams, dim, device="cuda", dtype=torch.bfloat16)
-    step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (QUESTION + answer)) + 2 * 2 * streams * heads * dim
-    layers = max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
+    q = torch.randn(1, heads, len(q_slot), dim, device="cuda", dtype=torch.bfloat16)
+    step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (question + answer)) + 2 * 2 * streams * heads * dim
+    layers = layers or max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
     kv = []
     for _ in range(layers):
         cache = [torch.randn(1, kv_heads, layout.num_slots, dim, device="cuda", dtype=torch.bfloat16) for _ in "kv"]
@@ -287,21 +293,9 @@ def question_prefill_sweep(out: Path) -> list[dict]:
     layer µs of the kernel's default tiles and launch against other tile sizes and KV splits."""
     rows = []
     for shape, streams in itertools.product(SHAPES, (64, 256)):
-        heads, kv_heads, dim = SHAPES[shape]
-        gen = torch.Generator().manual_seed(streams)
-        doc = torch.randint(3, 30000, (DOC,), generator=gen).tolist()
-        prompts = [doc + torch.randint(3, 30000, (6,), generator=gen).tolist() for _ in range(streams)]
-        layout = build_layout(prompts, 128)
-        ids = SlotIds.from_layout(layout, torch.device("cuda"))
-        q_slot = torch.cat([torch.arange(s.slot_start, s.slot_start + s.length) for s in layout.segments[1:]
-                            if s.length == 6]).cuda()  # fmt: skip
-        plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
-        q = torch.randn(1, heads, len(q_slot), dim, device="cuda", dtype=torch.bfloat16)
-        kv = []
-        for _ in range(4):
-            cache = [torch.randn(1, kv_heads, layout.num_slots, dim, device="cuda", dtype=torch.bfloat16)
-                     for _ in "kv"]  # fmt: skip
-            kv.append(tuple(c[:, :, : plan.kv_len] for c in cache))
+        heads, _, dim = SHAPES[shape]
+        layout, plan, q, kv, _ = decode_case(shape, streams, answer=128, question=6, prefill=True, layers=4)
+        q_slot = plan.q_slot
         want = None
         flops = 4 * heads * dim * len(q_slot) * DOC
         for block_m, config in [(None, None), (None, (64, 2, 4, 3)), (None, (64, 4, 4, 3)), (128, (64, 1, 8, 3)),

@@ -63,14 +63,14 @@ def kernel_times(fn, device: torch.device, counts: dict | None = None) -> dict[s
 
 
 def summarize(prefill: dict[str, float], full: dict[str, float], steps: int, top: int,
-              launches: dict | None = None) -> dict:  # fmt: skip
+              launches: tuple[dict, dict] | None = None) -> dict:  # fmt: skip
     """Per group: prefill ms, decode ms per step (full - prefill, over the decode steps), and the top kernels
-    (with `launches`, {kernel: (prefill's, the full call's)}: each one's launches per decode step)."""
+    (with `launches`, the prefill's and the full call's launches per kernel: each one's per decode step)."""
     decode = {k: full.get(k, 0.0) - prefill.get(k, 0.0) for k in full}
     out = {"groups": {}, "top_decode_kernels": [], "top_prefill_kernels": []}
     if launches:
-        per_step = {k: (b - launches.get(("prefill", k), 0)) / steps for (call, k), b in launches.items()
-                    if call == "full"}  # fmt: skip
+        prefill_launches, full_launches = launches
+        per_step = {k: (n - prefill_launches.get(k, 0)) / steps for k, n in full_launches.items()}
         out["decode_launches_per_step"] = round(sum(per_step.values()), 1)
     for group in ("attention", "gemm", "other"):
         p = sum(v for k, v in prefill.items() if group_of(k) == group)
@@ -109,10 +109,9 @@ def main(argv: list[str] | None = None) -> None:
             options = dict(attn=path, cuda_graphs=args.cuda_graphs, eos_token_id=[])
             run = functools.partial(hf_parallel.generate_tokens, model, prompts, **options)
             run(max_new_tokens=args.new_tokens)  # warm-up: kernels compiled and autotuned, steps captured
-            counts = {"prefill": {}, "full": {}}
-            prefill = kernel_times(functools.partial(run, max_new_tokens=1), device, counts["prefill"])
-            full = kernel_times(functools.partial(run, max_new_tokens=args.new_tokens), device, counts["full"])
-            launches = {(call, k): c for call, got in counts.items() for k, c in got.items()}
+            launches = ({}, {})  # the prefill's and the full call's
+            prefill = kernel_times(functools.partial(run, max_new_tokens=1), device, launches[0])
+            full = kernel_times(functools.partial(run, max_new_tokens=args.new_tokens), device, launches[1])
             row = dict(model=args.model, doc=args.doc, questions=n, path=path, cuda_graphs=args.cuda_graphs,
                        **summarize(prefill, full, args.new_tokens - 1, args.top, launches))  # fmt: skip
             report.append(row)
