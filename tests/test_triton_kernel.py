@@ -97,18 +97,26 @@ def random_qkv(plan, heads, kv_heads, dim, dtype, seed, cache_order="hsd"):
 
 
 def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_len=None, tiles=None,
-          streams_per_tile=None, num_splits=None, cache_order="hsd", **attn):  # fmt: skip
-    """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance."""
+          streams_per_tile=None, num_splits=None, cache_order="hsd", own_split=False, overlap=False,
+          **attn):  # fmt: skip
+    """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance (own_split: the
+    shared and own plans, their partial outputs merged)."""
     plan = make_plan(layout, q_slot, kv_len)
     q, k, v = random_qkv(plan, *heads, dim, dtype, seed, cache_order)
     sinks = attn.pop("sinks", None)
     want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, s_aux=sinks, **attn)[0]
     group = heads[0] // heads[1]
-    tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE)
+    part, own = ("shared", None) if own_split else ("all", None)
+    if own_split:
+        own = tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=launcher.own_streams_per_tile(group),
+                                         device=DEVICE, part="own")  # fmt: skip
+    tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE,
+                                                part=part)  # fmt: skip
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
     config = launcher.default_config(q, k, tiles)
     config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
-    launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, sinks=sinks, **attn)
+    launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, sinks=sinks, own=own, overlap=overlap,
+                              **attn)  # fmt: skip
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(out.float(), want, atol=atol, rtol=rtol)
     return tiles
@@ -366,6 +374,56 @@ def test_refilled_rows_match_the_reference(seed):
                            prompt[rng.randrange(len(prompt)) :]])  # fmt: skip
         for q_slot in (prompt, step, mixed):
             check(layout, q_slot, heads=rng.choice(HEADS), dim=16, kv_len=layout.num_slots, seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_own_split_matches_the_reference(seed):
+    """`TritonBackend(own_tiles=...)`'s two plans of a decode forward (the segments several streams see in packed
+    tiles, each stream's own in small tiles), merged by log-sum-exp: rows built at once and refilled, GQA and MHA,
+    KV splits, sinks counted once, windows; on CUDA also beside each other on a second stream."""
+    rng = random.Random(seed)
+    for layout in [doc_questions(rng.choice(STREAMS), seed)] + list(_row_layouts(rng)):
+        answers = torch.tensor([layout.segments[a].slot_start for a in layout.answer_segs])
+        last = torch.tensor([layout.segments[a].slot_start + layout.segments[a].length - 1 for a in layout.answer_segs])
+        ahead = torch.randint(0, 3, answers.shape, generator=torch.Generator().manual_seed(seed))
+        step = torch.minimum(answers + ahead, last)
+        heads = rng.choice(HEADS)
+        attn = rng.choice([{}, dict(sliding_window=7), dict(sinks=torch.randn(heads[0]).to(DEVICE) * 3)])
+        check(layout, step, heads, 16, seed=seed, kv_len=layout.num_slots, num_splits=rng.choice([None, 1, 3]),
+              own_split=True, overlap=CUDA and seed % 2 == 0, **attn)  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_own_split_plans_partition_every_querys_visible_slots(seed):
+    """The shared plan and the own plan together visit each decode query's visible slots exactly once."""
+    rng = random.Random(seed)
+    for layout in list(_row_layouts(rng)):
+        answers = torch.tensor([layout.segments[a].slot_start for a in layout.answer_segs])
+        plan = make_plan(layout, answers, layout.num_slots)
+        mask, slots, seg = stream_mask(plan).cpu(), answers.tolist(), layout.slot_seg.tolist()
+        seen = {n: [] for n in range(len(slots))}
+        for part, spt in (("shared", None), ("own", 2)):
+            tiles = tile_plans.build_tile_plan(layout, answers, group=1, block_m=16, streams_per_tile=spt, part=part)
+            for t, members in enumerate(tiles.tile_query.tolist()):
+                members = [n for n in members if n >= 0]
+                for j, n in enumerate(members):
+                    for r, keys in scanned_slots(tiles, t, members, slots, plan.kv_len):
+                        seen[n] += [k for k in keys if (k <= slots[n] or seg[k] != seg[slots[n]])
+                                    and k < tiles.limits[r, j]]  # fmt: skip
+        for n, keys in seen.items():
+            assert sorted(keys) == mask[n].nonzero().flatten().tolist()  # each visible slot once, nothing else
+
+
+def test_own_split_generates_as_model_generate():
+    """Decode through `TritonBackend(own_tiles="serial")`: `model.generate`'s tokens (prefill as without it)."""
+    model = tiny_model("llama").to(DEVICE)
+    gen = torch.Generator().manual_seed(3)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]
+    opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
+                                     attn=TritonBackend(own_tiles="serial"))  # fmt: skip
+    got = Runner(model, build_layout(prompts, 6), opts, opts.attn).run()
+    assert got == [generate_alone(model, p, 6) for p in prompts]
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -131,7 +131,7 @@ class TilePlan:
 def build_tile_plan(
     layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
     streams_per_tile: int | None = None, device: torch.device | str | None = None,
-    skip: tuple[CausalRun, ...] = (),
+    skip: tuple[CausalRun, ...] = (), part: str = "all",
 ) -> TilePlan:  # fmt: skip
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
@@ -139,7 +139,13 @@ def build_tile_plan(
     power of two >= 16 holding the fullest tile; pass it to match preallocated buffers).
     streams_per_tile: most distinct segments (streams) per tile; None = as many as fit.
     skip: runs of queries another kernel computes (no tile holds them).
+    part: "all" the segments the queries see; "shared" only those seen by queries of more than one
+        segment (a document); "own" only the others (a stream's question and answer), in tiles of
+        `streams_per_tile` queries.  The two parts' partial outputs merge as KV splits do (stream-major
+        layouts: every segment a slot range).
     """
+    if part not in ("all", "shared", "own"):
+        raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
     q_slot = q_slot.cpu().numpy().astype(np.int64)
     q_seg = layout.slot_seg.numpy()[q_slot]
     rows = _block_m(group, block_m)
@@ -147,12 +153,14 @@ def build_tile_plan(
     for run in skip:
         planned[run.first : run.stop] = False
     table = _segment_table(layout)
-    if streams_per_tile is None and table is not None:  # every segment a slot range of its own: whole arrays
+    if part != "all" and table is None:
+        raise ValueError("a plan of shared or own segments needs every segment a slot range (stream-major layout)")
+    if (streams_per_tile is None or part != "all") and table is not None:  # segments are slot ranges: whole arrays
         order = np.argsort(q_seg, kind="stable")
-        order, per_tile = order[planned[order]], rows // group
+        order, per_tile = order[planned[order]], min(rows // group, streams_per_tile or rows)
         if block_m is None:  # the fullest tile's rows, as below
             rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), per_tile)))
-        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group)
+        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group, part)
     else:
         tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
         if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
@@ -193,7 +201,7 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
 
 
 def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
-                 block_m: int, group: int) -> TilePlan:  # fmt: skip
+                 block_m: int, group: int, part: str = "all") -> TilePlan:  # fmt: skip
     """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
     queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped
     at its last member's slot unless a member sees it whole, chains down the tree merged, and each member's
@@ -203,6 +211,10 @@ def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_
     tile, local = np.divmod(np.arange(len(order)), per_tile)
     chain = table.chains[q_seg[order]]  # [M, depth]: each member's segment and its ancestors
     valid = chain >= 0
+    if part != "all":  # a segment is shared when queries of two or more segments see it
+        pairs = np.unique(np.stack([chain[valid], np.broadcast_to(q_seg[order][:, None], chain.shape)[valid]]), axis=1)
+        shared = np.bincount(pairs[0], minlength=len(table.start)) > 1
+        valid &= shared[np.maximum(chain, 0)] == (part == "shared")
     m_idx, k_idx = np.nonzero(valid)
     seg, own = chain[m_idx, k_idx], k_idx == 0
     key = tile[m_idx] * len(table.start) + seg  # one range per (tile, segment)

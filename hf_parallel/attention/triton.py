@@ -23,7 +23,7 @@ from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .backend import AttentionBackend
 from .reference import check_attention_call, plan_on
-from .tiles import CausalRun, TilePlan, build_tile_plan, causal_runs
+from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, _segment_table, build_tile_plan, causal_runs
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -34,7 +34,8 @@ MAX_SPLITS = 16
 class TritonPlan(AttentionPlan):
     """A plan with the forward's tile plan, built before the forward (every layer reuses it).
 
-    tiles:     every query's row tiles.
+    tiles:     every query's row tiles (with own_tiles: of the segments several streams see).
+    own_tiles: the row tiles of the segments one stream alone sees (`TritonBackend(own_tiles=...)`), or None.
     runs:      runs of queries that see a plain causal prefix (a document's tokens), for causal SDPA.
     run_tiles: the row tiles of the other queries (None without runs).  A layer with a sliding
                window, a softcap or sinks, which plain SDPA does not take, runs `tiles` instead.
@@ -43,6 +44,7 @@ class TritonPlan(AttentionPlan):
     tiles: TilePlan | None = None
     runs: tuple[CausalRun, ...] = ()
     run_tiles: TilePlan | None = None
+    own_tiles: TilePlan | None = None  # with `TritonBackend(own_tiles=...)`: `tiles` the shared part, this the own
 
 
 class TritonStaticPlan:
@@ -50,16 +52,26 @@ class TritonStaticPlan:
 
     def __init__(self, backend: TritonBackend, row: Row, bucket: int):
         self.bucket, self.streams_per_tile = bucket, backend.streams_per_tile
+        self.split = backend.own_tiles is not None and _segment_table(row.layout) is not None
         self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
                                        device=row.device)  # fmt: skip
+        self.own = None
+        if self.split:
+            spt = own_streams_per_tile(row.group)
+            self.own = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=spt, device=row.device)
 
     def plan(self, row: Row, q_slot: torch.Tensor) -> TritonPlan:
-        return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles)
+        return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles, own_tiles=self.own)
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
         """Raises ValueError when the live streams need more ranges than the buffers hold (capture again)."""
-        tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile)
+        part = "shared" if self.split else "all"
+        tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
         self.tiles.fill_(tiles.to(q_slot.device))
+        if self.split:
+            own = build_tile_plan(row.layout, q_slot, row.group, self.own.block_m, own_streams_per_tile(row.group),
+                                  part="own")  # fmt: skip
+            self.own.fill_(own.to(q_slot.device))
 
 
 class TritonBackend(AttentionBackend):
@@ -69,15 +81,22 @@ class TritonBackend(AttentionBackend):
         the document once per stream, as a prefix-caching server does: the benchmark's P = 1.
     causal_prefill: a prefill forward's document tokens through causal SDPA (False: the kernel
         computes every query; the benchmark's ablation).
+    own_tiles: None, "serial" or "overlap": decode forwards (one query per stream) of a stream-major row
+        run two plans, the segments several streams see in packed tiles and each stream's own in tiles of
+        one dot's rows (`own_streams_per_tile`), so a stream's own keys meet only its rows; "overlap" runs
+        the second launch on a second CUDA stream beside the first.  Not under `compile=True`.
     """
 
     name = "hf_parallel_triton"
     prefill_chunk = 8192  # no mask to bound it, and fewer forwards cost less host time (benchmarked)
 
-    def __init__(self, streams_per_tile: int | None = None, causal_prefill: bool = True):
+    def __init__(self, streams_per_tile: int | None = None, causal_prefill: bool = True,
+                 own_tiles: str | None = None):  # fmt: skip
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
-        self.streams_per_tile, self.causal_prefill = streams_per_tile, causal_prefill
+        if own_tiles not in (None, "serial", "overlap"):
+            raise ValueError(f"own_tiles must be None, 'serial' or 'overlap', got {own_tiles!r}")
+        self.streams_per_tile, self.causal_prefill, self.own_tiles = streams_per_tile, causal_prefill, own_tiles
 
     def attention(
         self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
@@ -90,15 +109,23 @@ class TritonBackend(AttentionBackend):
             raise ValueError("the Triton attention path needs a TritonPlan with its tiles (TritonBackend.plan)")
         sinks = kwargs.get("s_aux")
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
+            if pp_plan.own_tiles is not None:
+                raise NotImplementedError("TritonBackend(own_tiles=...) does not run under compile=True")
             return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks), None
         if pp_plan.runs and sliding_window is None and softcap is None and sinks is None:
             out = stream_attention(query, key, value, pp_plan, pp_plan.run_tiles, scaling, runs=pp_plan.runs)
         else:
-            out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks)
+            out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks,
+                                   own=pp_plan.own_tiles, overlap=self.own_tiles == "overlap")  # fmt: skip
         return out, None
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         args = (row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
+        if self.own_tiles is not None and _one_query_per_stream(row.layout, q_slot):
+            own = build_tile_plan(row.layout, q_slot, row.group, None, own_streams_per_tile(row.group), row.device,
+                                  part="own")  # fmt: skip
+            return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared"),
+                                        own_tiles=own)  # fmt: skip
         runs = causal_runs(row.layout, q_slot) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
         return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
@@ -109,7 +136,20 @@ class TritonBackend(AttentionBackend):
 
     @property
     def graph_key(self) -> tuple:
-        return (self.name, self.streams_per_tile)
+        return (self.name, self.streams_per_tile, self.own_tiles)
+
+
+def own_streams_per_tile(group: int) -> int:
+    """Streams per tile of the own plan: as many as one decode query each fills the smallest dot with."""
+    return max(1, MIN_DOT_ROWS // group)
+
+
+def _one_query_per_stream(layout, q_slot: torch.Tensor) -> bool:
+    """A decode forward of a stream-major row: every query in a segment of its own, every segment a slot range."""
+    if _segment_table(layout) is None:
+        return False
+    q_seg = layout.slot_seg[q_slot.cpu()]
+    return len(torch.unique(q_seg)) == len(q_seg)
 
 
 @torch.library.custom_op("hf_parallel::stream_attention", mutates_args=())
@@ -169,34 +209,49 @@ def stream_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
-    runs: tuple[CausalRun, ...] = (),
+    runs: tuple[CausalRun, ...] = (), own: TilePlan | None = None, overlap: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None).
 
     sinks: [H] attention-sink logits (gpt-oss), or None.  With more than one KV split per tile,
     each split writes a partial output and `combine_splits` merges them.  runs: queries that
     `tiles` leaves out, each run a causal prefix, through causal SDPA (no window, softcap or sinks).
+    own: a second plan over the same queries (`build_tile_plan(part="own")`, `tiles` then its "shared"
+    part), launched after `tiles` (`overlap`: beside it, on a second CUDA stream), its partial outputs
+    merged with the first's.
     """
     _check_inputs(query, key, value, plan, tiles)
+    if own is not None:
+        _check_inputs(query, key, value, plan, own)
     if sinks is not None:
         if sinks.shape != (query.shape[1],):
             raise ValueError(f"sinks must hold one logit per query head, [{query.shape[1]}]; got {tuple(sinks.shape)}")
         sinks = sinks.detach().float().contiguous()
     _, heads, n, dim = query.shape
     cfg = config or default_config(query, key, tiles)
-    splits = cfg.num_splits
+    own_cfg = default_config(query, key, own) if own is not None else None
+    if own_cfg is not None and config is not None:
+        own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
+    splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
     part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
     scale = scaling if scaling is not None else dim**-0.5
     if runs and (sliding_window is not None or softcap is not None or sinks is not None):
         raise ValueError("causal runs go through plain SDPA, which takes no sliding window, softcap or sinks")
+    args = (scale, softcap, sliding_window, sinks)
     with _on_device(query.device):  # Triton launches on the current device: a layer's may be another GPU
-        if tiles.num_tiles:
-            _launch(
-                query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, scale, softcap, sliding_window,
-                sinks,
-            )  # fmt: skip
+        side = _attention_stream(query.device) if own is not None and overlap and query.is_cuda else None
+        if side is not None:  # the own plan beside the first (a fork and a join: capturable in a CUDA graph)
+            side.wait_stream(torch.cuda.current_stream(query.device))
+            with torch.cuda.stream(side):
+                _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
+        if tiles.num_tiles or own is not None:
+            _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, *args)
+        if own is not None and side is None:
+            _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
+        if side is not None:
+            torch.cuda.current_stream(query.device).wait_stream(side)
         if splits > 1:  # only with tiles (`default_config`)
             block_d = max(16, triton.next_power_of_2(dim))
             kernels.combine_splits[(triton.cdiv(n * heads, 16),)](
@@ -227,9 +282,22 @@ def _on_device(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
+def _attention_stream(device: torch.device) -> torch.cuda.Stream:
+    """The second stream of an overlapped launch: one per device, kept (a capture records it)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(index)
+    return _STREAMS[index]
+
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
 def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
-            to_parts: bool, scaling: float, softcap: float | None, window: int | None, sinks) -> None:  # fmt: skip
-    """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs."""
+            to_parts: bool, scaling: float, softcap: float | None, window: int | None, sinks,
+            split_offset: int = 0) -> None:  # fmt: skip
+    """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs, from
+    partial output `split_offset` on."""
     _, heads, n, dim = query.shape
     ids = plan.ids
     interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
@@ -239,7 +307,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
         tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits,
         query.stride(1), query.stride(2), key.stride(1), key.stride(2), value.stride(1), value.stride(2),
         out.stride(1), out.stride(2),
-        key.shape[2], n, heads, cfg.num_splits, scaling, softcap or 1.0, window or 0,
+        key.shape[2], n, heads, cfg.num_splits, split_offset, scaling, softcap or 1.0, window or 0,
         GROUP=tiles.group, QUERIES=tiles.block_m // tiles.group, BLOCK_M=tiles.block_m, BLOCK_N=cfg.block_n,
         HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), USE_WINDOW=window is not None,
         USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),

@@ -94,20 +94,21 @@ def _attend_block(
     return acc, m_ij, l_i
 
 
-@triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "window"])  # they change per step
+@triton.jit(do_not_specialize=["kv_len", "num_queries", "num_splits", "split_offset", "window"])  # change per step
 def stream_attention_fwd(
     Q, K, V, Out, PartO, PartLse, Sinks,
     q_slot_ptr, q_seg_ptr, q_pos_ptr, slot_seg_ptr, slot_pos_ptr, seg_end_ptr, seg_stop_ptr,
     tile_query_ptr, range_ptr, ranges_ptr, limits_ptr,
     stride_qh, stride_qn, stride_kh, stride_kn, stride_vh, stride_vn, stride_on, stride_oh,
-    kv_len, num_queries, num_heads, num_splits, scale, softcap, window,
+    kv_len, num_queries, num_heads, num_splits, split_offset, scale, softcap, window,
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
     USE_SINKS: tl.constexpr,
 ):  # fmt: skip
     """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D],
-    Sinks [H] float32 (read only with USE_SINKS)."""
+    Sinks [H] float32 (read only with USE_SINKS).  With SPLIT, split s writes partial output split_offset + s
+    (a second launch over other ranges of the same rows writes after the first's)."""
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -134,8 +135,8 @@ def stream_attention_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     if USE_SINKS:  # the sink is one more logit of the softmax, counted once: in the first split
         sink = tl.load(Sinks + head) * LOG2E
-        m_i = tl.where(split == 0, sink, m_i)
-        l_i = tl.where(split == 0, 1.0, l_i)
+        m_i = tl.where(split + split_offset == 0, sink, m_i)
+        l_i = tl.where(split + split_offset == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     first_range = tl.load(range_ptr + tile)
     last_range = tl.load(range_ptr + tile + 1)
@@ -164,7 +165,7 @@ def stream_attention_fwd(
     out = acc / l_safe[:, None]
     store_ok = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        flat = (split * num_queries + query) * num_heads + head
+        flat = ((split + split_offset) * num_queries + query) * num_heads + head
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         tl.store(PartLse + flat, lse, mask=row_ok)
         tl.store(PartO + flat[:, None] * HEAD_DIM + offs_d[None, :], out, mask=store_ok)
