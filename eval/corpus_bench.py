@@ -154,6 +154,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--tag", default="", help="suffix of the output file's name")
     parser.add_argument("--gb-docs", type=int, default=1, help="documents of the generate_batch comparison")
+    parser.add_argument("--own-tiles", choices=["serial", "overlap"], help="TritonBackend(own_tiles=...)")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -169,7 +170,7 @@ def main(argv=None) -> None:
               "budget_slots": budget.capacity, "budget_streams": budget.streams, "slot_bytes": support.slot_bytes,
               "workload": {"doc": args.doc, "questions": args.questions, "fit_docs": args.fit_docs,
                            "large_docs": args.large_docs, "max_memory": args.max_memory,
-                           "streams_per_tile": args.streams_per_tile},
+                           "streams_per_tile": args.streams_per_tile, "own_tiles": args.own_tiles},
               "runs": {}}  # fmt: skip
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}), flush=True)
     variable = lambda rng: rng.randint(16, 512)  # noqa: E731
@@ -177,10 +178,10 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     session = hf_parallel.Session(model)
     common = dict(max_memory=args.max_memory)
-    if args.streams_per_tile:
+    if args.streams_per_tile or args.own_tiles:
         from hf_parallel.attention.triton import TritonBackend
 
-        common["attn"] = TritonBackend(streams_per_tile=args.streams_per_tile)
+        common["attn"] = TritonBackend(streams_per_tile=args.streams_per_tile, own_tiles=args.own_tiles)
     if "fits" in parts:
         prompts, targets = workload(book, args.fit_docs, args.doc, args.questions, variable, 1, vocab)
         run(model, prompts[:64], targets[:64], session, **common)  # warm-up: kernels and captured steps

@@ -23,6 +23,7 @@ Results: results.json and summary.md under --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import math
@@ -40,7 +41,13 @@ sys.path.insert(0, str(ROOT))
 
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
-from hf_parallel.attention.triton import KernelConfig, TritonBackend, default_config, stream_attention  # noqa: E402
+from hf_parallel.attention.triton import (  # noqa: E402
+    KernelConfig,
+    TritonBackend,
+    default_config,
+    own_streams_per_tile,
+    stream_attention,
+)
 from hf_parallel.layout import build_layout  # noqa: E402
 from hf_parallel.plan import AttentionPlan, Row, SlotIds  # noqa: E402
 
@@ -161,6 +168,17 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
         err = (fns[0]().float() - want.float()).abs().max().item()
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
                         config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
+    group = q.shape[1] // kv[0][0].shape[1]
+    shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared")
+    own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own")
+    out = torch.empty(1, q.shape[2], q.shape[1], q.shape[3], device="cuda", dtype=q.dtype)
+    for overlap in (False, True):  # TritonBackend(own_tiles=...): the shared and own plans, merged
+        fns = [functools.partial(stream_attention, q, k, v, plan, shared, out=out, own=own, overlap=overlap)
+               for k, v in kv]  # fmt: skip
+        err = (fns[0]().float() - want.float()).abs().max().item()
+        name = "triton_own_overlap" if overlap else "triton_own_serial"
+        rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=shared.num_tiles, own_tiles=own.num_tiles,
+                        own_block_m=own.block_m))  # fmt: skip
     if streams == 64 and shape == "codellama-7b":
         il_layout, il_plan, il_q, il_kv, _ = decode_case(shape, streams, interleaved=True)
         _, cfg, fns = triton_run(il_layout, il_plan, il_q, il_kv)

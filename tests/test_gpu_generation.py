@@ -116,3 +116,27 @@ def test_the_budget_counts_the_allocators_cached_blocks_as_free():
     assert torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 4 * 2**30
     assert free_memory(device) >= before - 2**26
     torch.cuda.empty_cache()
+
+
+def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
+    """`TritonBackend(own_tiles="overlap")`: the own plan's launch beside the shared plan's on a second CUDA stream,
+    captured in the steps' graphs, across calls and shrinking buckets of a Session, and under refill."""
+    from hf_parallel.attention.triton import TritonBackend
+
+    from .test_scheduling import CHUNK, corpus, max_memory_for
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    attn = TritonBackend(own_tiles="overlap")
+    with Session(cuda_model) as session:
+        for seed, n in [(0, 5), (1, 17)]:
+            prompts = _prompts(seed, n, doc_len=30 + 10 * seed)
+            free = [generate_alone(cuda_model, p, 10, None) for p in prompts]
+            eos = sorted({free[0][2], free[-1][5]})
+            got = session.generate_tokens(prompts, max_new_tokens=10, eos_token_id=eos, attn=attn)
+            assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]
+    prompts = corpus(7, docs=4, questions=8)
+    free = [generate_alone(cuda_model, p, 10) for p in prompts]
+    eos = sorted({free[0][2], free[9][6], free[17][4], free[30][1]})
+    got = generate_tokens(cuda_model, prompts, max_new_tokens=10, eos_token_id=eos, prefill_chunk=CHUNK,
+                          max_memory=max_memory_for(cuda_model, 120), attn=attn)  # fmt: skip
+    assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]

@@ -107,7 +107,9 @@ def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_
     want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, s_aux=sinks, **attn)[0]
     group = heads[0] // heads[1]
     part, own = ("shared", None) if own_split else ("all", None)
-    if own_split:
+    if isinstance(own_split, tile_plans.TilePlan):  # the own plan given (a static plan's buffers)
+        own = own_split
+    elif own_split:
         own = tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=launcher.own_streams_per_tile(group),
                                          device=DEVICE, part="own")  # fmt: skip
     tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE,
@@ -247,6 +249,21 @@ def test_static_plan_refills_for_the_live_streams():
             q_slot = layout.answer_slots[live, t].to(DEVICE)
             assert static.plan(row, q_slot).tiles is static.tiles
             check(layout, q_slot, kv_len=layout.num_slots, tiles=static.tiles)
+
+
+def test_static_own_split_plans_refill_for_the_live_streams():
+    """With `own_tiles`, a captured step's buffers hold both plans, both refilled as streams leave."""
+    layout = doc_questions(6, seed=12)
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    static = TritonBackend(own_tiles="serial").static_plan(row, bucket=8)
+    for live, steps in [(list(range(6)), (0, 3)), ([1, 4, 5], (4, 8)), ([2], (8,))]:
+        live = live + live[-1:] * (8 - len(live))  # the bucket's padding rows repeat the last live row
+        static.update(row, layout.answer_slots[live, steps[0]].to(DEVICE))
+        for t in steps:
+            q_slot = layout.answer_slots[live, t].to(DEVICE)
+            plan = static.plan(row, q_slot)
+            assert plan.tiles is static.tiles and plan.own_tiles is static.own
+            check(layout, q_slot, kv_len=layout.num_slots, tiles=static.tiles, own_split=static.own)
 
 
 @pytest.mark.skipif(not CUDA, reason="CUDA graphs")
