@@ -9,11 +9,13 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   stock_tuned  the same with a static cache and the decode forward compiled (`torch.compile`, CUDA graphs: generate's
                auto-compile on CUDA), every chunk timed, compilation excluded (reported as warmup_s)
   pp_reference hf_parallel, dense stream mask + SDPA, CUDA graphs
-  pp_triton    hf_parallel's default: Triton stream-id kernel, CUDA graphs, the layers' norms and MLPs compiled
+  pp_triton    hf_parallel's default: Triton stream-id kernel (own tiles where "auto" picks them), CUDA graphs, the
+               layers' norms and rotary embedding compiled
   pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled parts)
   pp_norms_only  pp_triton with the norms compiled but not the rotary embedding (its ablation)
-  pp_own_serial, pp_own_overlap  decode with `TritonBackend(own_tiles=...)`: each stream's own keys in small tiles,
-               after the packed tiles' launch or beside it on a second CUDA stream
+  pp_own_off, pp_own_serial, pp_own_overlap  decode with `TritonBackend(own_tiles=...)` set, not "auto": None (one
+               plan), or each stream's own keys in small tiles after the packed tiles' launch or beside it on a
+               second CUDA stream
   pp_p1        the same kernel with one stream per row tile (each stream reads the document
                itself, as a prefix-caching server does): the ratio isolates reading once
   pp_interleaved  the reference paper's interleaved layout (ablation)
@@ -77,11 +79,12 @@ METHODS = {  # generate_tokens options, and whether the layout is the paper's in
     "pp_unfused": (dict(attn="triton", compile=False), False),
     "pp_norms_only": (dict(attn="triton", fuse_rotary=False), False),
     "pp_reference": (dict(attn="reference"), False),
-    "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1)), False),
+    "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1, own_tiles=None)), False),
+    "pp_own_off": (dict(attn=TritonBackend(own_tiles=None)), False),
     "pp_own_serial": (dict(attn=TritonBackend(own_tiles="serial")), False),
     "pp_own_overlap": (dict(attn=TritonBackend(own_tiles="overlap")), False),
-    "pp_spt16": (dict(attn=TritonBackend(streams_per_tile=16)), False),
-    "pp_spt32": (dict(attn=TritonBackend(streams_per_tile=32)), False),
+    "pp_spt16": (dict(attn=TritonBackend(streams_per_tile=16, own_tiles=None)), False),
+    "pp_spt32": (dict(attn=TritonBackend(streams_per_tile=32, own_tiles=None)), False),
     "pp_interleaved": (dict(attn="triton"), True),
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
@@ -433,9 +436,8 @@ def plot(results: list[dict], path: Path) -> None:
         key=lambda s: [r["model"] + " | " + r["workload"] for r in results].index(s),
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
-                           "pp_spt32", "pp_spt16", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill", "pp_unfused",
-                           "pp_norms_only", "pp_triton",
-                           "pp_triton_compiled", "roofline"]
+                           "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
+                           "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

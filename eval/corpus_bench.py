@@ -154,7 +154,12 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--tag", default="", help="suffix of the output file's name")
     parser.add_argument("--gb-docs", type=int, default=1, help="documents of the generate_batch comparison")
-    parser.add_argument("--own-tiles", choices=["serial", "overlap"], help="TritonBackend(own_tiles=...)")
+    parser.add_argument(
+        "--own-tiles",
+        choices=["auto", "overlap", "serial", "off"],
+        default="auto",
+        help="TritonBackend(own_tiles=...) (off: None)",
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -178,10 +183,11 @@ def main(argv=None) -> None:
     parts = args.parts.split(",")
     session = hf_parallel.Session(model)
     common = dict(max_memory=args.max_memory)
-    if args.streams_per_tile or args.own_tiles:
+    if args.streams_per_tile or args.own_tiles != "auto":
         from hf_parallel.attention.triton import TritonBackend
 
-        common["attn"] = TritonBackend(streams_per_tile=args.streams_per_tile, own_tiles=args.own_tiles)
+        own = None if args.own_tiles == "off" else args.own_tiles
+        common["attn"] = TritonBackend(streams_per_tile=args.streams_per_tile, own_tiles=own)
     if "fits" in parts:
         prompts, targets = workload(book, args.fit_docs, args.doc, args.questions, variable, 1, vocab)
         run(model, prompts[:64], targets[:64], session, **common)  # warm-up: kernels and captured steps

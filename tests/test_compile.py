@@ -55,6 +55,19 @@ def test_compiled_steps_match_generate_and_compile_at_most_three_graphs(llama, a
     assert _compiled_graphs() == before  # a second call of the same shapes reuses the compiled graphs
 
 
+def test_compiled_steps_run_the_own_plan(llama):
+    """compile=True with `TritonBackend(own_tiles=...)`: the kernel's two plans inside the compiled step (one opaque
+    op), `model.generate`'s tokens."""
+    from hf_parallel.attention.triton import TritonBackend
+
+    gen = torch.Generator().manual_seed(5)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(1 + (2 * i) % 5, gen) for i in range(4)]
+    attn = TritonBackend(own_tiles="overlap")  # on the CPU the two launches run one after the other
+    got = generate_tokens(llama, prompts, max_new_tokens=7, eos_token_id=[], compile=True, attn=attn)
+    assert got == [generate_alone(llama, p, 7) for p in prompts]
+
+
 def test_compiled_steps_pass_dynamo_recompile_limit(llama):
     """Every live count runs compiled, past dynamo's recompile limit (default 8, set to 1 here), and five live
     counts compile three graphs: the first count static, one with the token count dynamic, and count 1."""

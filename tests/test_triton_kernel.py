@@ -20,7 +20,7 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from hf_parallel import GenerationOptions  # noqa: E402
+from hf_parallel import GenerationOptions, generate_tokens  # noqa: E402
 from hf_parallel.attention import tiles as tile_plans  # noqa: E402
 from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
@@ -441,6 +441,35 @@ def test_own_split_generates_as_model_generate():
                                      attn=TritonBackend(own_tiles="serial"))  # fmt: skip
     got = Runner(model, build_layout(prompts, 6), opts, opts.attn).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]
+
+
+def test_own_tiles_auto_splits_long_answers_of_wide_tiles():
+    """own_tiles="auto" (the default) splits decode forwards where answers are long and packed tiles wide (at most 2
+    query heads per KV head), and leaves every other row one plan."""
+    short, long = build_layout([[3, 4, 5]], 128), build_layout([[3, 4, 5]], launcher.OWN_TILES_MIN_ANSWER)
+    row = lambda layout, group: Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group)  # noqa: E731
+    auto = TritonBackend()
+    assert auto.own_tiles == "auto"
+    assert auto.splits(row(long, 1)) and auto.splits(row(long, 2))
+    assert not auto.splits(row(short, 1)) and not auto.splits(row(long, 7))
+    assert TritonBackend(own_tiles="serial").splits(row(short, 7))
+    assert not TritonBackend(own_tiles=None).splits(row(long, 1))
+
+
+def test_default_backend_splits_long_answers_and_generates_as_model_generate(monkeypatch):
+    """The default Triton path with answers past `OWN_TILES_MIN_ANSWER` (lowered to 6 here) decodes through the two
+    plans and gives `model.generate`'s tokens."""
+    monkeypatch.setattr(launcher, "OWN_TILES_MIN_ANSWER", 6)
+    calls = []
+    original = launcher.stream_attention
+    monkeypatch.setattr(launcher, "stream_attention", lambda *a, **k: calls.append(k.get("own")) or original(*a, **k))
+    model = tiny_model("llama").to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    doc = random_tokens(25, gen)
+    prompts = [doc + random_tokens(n, gen) for n in (2, 5, 3)]
+    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], attn="triton")
+    assert got == [generate_alone(model, p, 6) for p in prompts]
+    assert any(own is not None for own in calls)  # decode steps ran the own plan
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -28,6 +28,7 @@ from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, _segment_table, build_tile
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 16
+OWN_TILES_MIN_ANSWER = 512  # own_tiles="auto": answer room per stream from which decode splits off own keys
 
 
 @dataclass
@@ -52,7 +53,7 @@ class TritonStaticPlan:
 
     def __init__(self, backend: TritonBackend, row: Row, bucket: int):
         self.bucket, self.streams_per_tile = bucket, backend.streams_per_tile
-        self.split = backend.own_tiles is not None and _segment_table(row.layout) is not None
+        self.split = backend.splits(row) and _segment_table(row.layout) is not None
         self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
                                        device=row.device)  # fmt: skip
         self.own = None
@@ -81,21 +82,27 @@ class TritonBackend(AttentionBackend):
         the document once per stream, as a prefix-caching server does: the benchmark's P = 1.
     causal_prefill: a prefill forward's document tokens through causal SDPA (False: the kernel
         computes every query; the benchmark's ablation).
-    own_tiles: None, "serial" or "overlap": decode forwards (one query per stream) of a stream-major row
-        run two plans, the segments several streams see in packed tiles and each stream's own in tiles of
-        one dot's rows (`own_streams_per_tile`), so a stream's own keys meet only its rows; "overlap" runs
-        the second launch on a second CUDA stream beside the first.  Not under `compile=True`.
+    own_tiles: "auto", "overlap", "serial" or None: decode forwards (one query per stream) of a stream-major
+        row run two plans, the segments several streams see in packed tiles and each stream's own (its question
+        and answer) in tiles of one dot's rows (`own_streams_per_tile`), so a stream's own keys meet only its
+        rows, not every row of a packed tile; their partial outputs merge by log-sum-exp.  "overlap" runs the
+        second launch on a second CUDA stream beside the first, "serial" after it.  "auto" (the default):
+        "overlap" where own keys are many and packed tiles wide, that is answers of at least
+        `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head (CodeLlama-7B's shape, 8k x 128
+        questions x 1,024 tokens: 1.11x; a corpus with answers of up to 512 tokens: 1.25x), else None (one plan:
+        128-token answers ran 0-4% slower split, and Qwen2.5-7B's 7 query heads per KV head 2% slower at
+        1,024 tokens; docs/benchmarks.md).
     """
 
     name = "hf_parallel_triton"
     prefill_chunk = 8192  # no mask to bound it, and fewer forwards cost less host time (benchmarked)
 
     def __init__(self, streams_per_tile: int | None = None, causal_prefill: bool = True,
-                 own_tiles: str | None = None):  # fmt: skip
+                 own_tiles: str | None = "auto"):  # fmt: skip
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
-        if own_tiles not in (None, "serial", "overlap"):
-            raise ValueError(f"own_tiles must be None, 'serial' or 'overlap', got {own_tiles!r}")
+        if own_tiles not in ("auto", "overlap", "serial", None):
+            raise ValueError(f"own_tiles must be 'auto', 'overlap', 'serial' or None, got {own_tiles!r}")
         self.streams_per_tile, self.causal_prefill, self.own_tiles = streams_per_tile, causal_prefill, own_tiles
 
     def attention(
@@ -108,20 +115,21 @@ class TritonBackend(AttentionBackend):
         if getattr(pp_plan, "tiles", None) is None:
             raise ValueError("the Triton attention path needs a TritonPlan with its tiles (TritonBackend.plan)")
         sinks = kwargs.get("s_aux")
+        overlap = self.own_tiles != "serial"
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
-            if pp_plan.own_tiles is not None:
-                raise NotImplementedError("TritonBackend(own_tiles=...) does not run under compile=True")
-            return _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks), None
+            out = _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks,
+                                             overlap)  # fmt: skip
+            return out, None
         if pp_plan.runs and sliding_window is None and softcap is None and sinks is None:
             out = stream_attention(query, key, value, pp_plan, pp_plan.run_tiles, scaling, runs=pp_plan.runs)
         else:
             out = stream_attention(query, key, value, pp_plan, pp_plan.tiles, scaling, sliding_window, softcap, sinks,
-                                   own=pp_plan.own_tiles, overlap=self.own_tiles == "overlap")  # fmt: skip
+                                   own=pp_plan.own_tiles, overlap=overlap)  # fmt: skip
         return out, None
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         args = (row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
-        if self.own_tiles is not None and _one_query_per_stream(row.layout, q_slot):
+        if self.splits(row) and _one_query_per_stream(row.layout, q_slot):
             own = build_tile_plan(row.layout, q_slot, row.group, None, own_streams_per_tile(row.group), row.device,
                                   part="own")  # fmt: skip
             return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared"),
@@ -133,6 +141,12 @@ class TritonBackend(AttentionBackend):
 
     def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
         return TritonStaticPlan(self, row, bucket)
+
+    def splits(self, row: Row) -> bool:
+        """Whether decode forwards over `row` run the shared and own plans (`own_tiles`)."""
+        if self.own_tiles == "auto":
+            return row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2
+        return self.own_tiles is not None
 
     @property
     def graph_key(self) -> tuple:
@@ -159,11 +173,18 @@ def _stream_attention_op(
     seg_stop: torch.Tensor, tile_query: torch.Tensor, range_ptr: torch.Tensor, ranges: torch.Tensor,
     limits: torch.Tensor, block_m: int, group: int, max_tile_ranges: int, scaling: float, window: int, softcap: float,
     sinks: Optional[torch.Tensor],  # noqa: UP045 - the schema parser of torch.library reads Optional
+    own_tile_query: Optional[torch.Tensor], own_range_ptr: Optional[torch.Tensor],  # noqa: UP045
+    own_ranges: Optional[torch.Tensor], own_limits: Optional[torch.Tensor],  # noqa: UP045
+    own_block_m: int, own_max_tile_ranges: int, overlap: bool,
 ) -> torch.Tensor:  # fmt: skip
-    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op."""
+    """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op.
+    own_*: the own plan's tensors (`TritonBackend(own_tiles=...)`), or None."""
     plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end, seg_stop))
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
-    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks)
+    own = (own_tile_query, own_range_ptr, own_ranges, own_limits)
+    own_tiles = TilePlan(*own, own_block_m, group, own_max_tile_ranges) if own_tile_query is not None else None
+    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks,
+                            own=own_tiles, overlap=overlap)  # fmt: skip
 
 
 @_stream_attention_op.register_fake
@@ -171,14 +192,16 @@ def _(query, key, value, *args):
     return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
 
 
-def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks):
-    ids, tiles = plan.ids, plan.tiles
+def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap):
+    ids, tiles, own = plan.ids, plan.tiles, plan.own_tiles
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         ids.seg_stop, tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
         tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5,
         window or 0, softcap or 0.0,
         sinks,
+        *((own.tile_query, own.range_ptr, own.ranges, own.limits) if own is not None else (None,) * 4),
+        own.block_m if own is not None else 0, own.max_tile_ranges if own is not None else 0, overlap,
     )  # fmt: skip
 
 
