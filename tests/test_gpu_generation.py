@@ -81,15 +81,21 @@ def test_memory_comes_back_after_a_call_and_after_release(cuda_model):
 @pytest.mark.parametrize("refill", [True, False])
 def test_refill_and_waves_with_captured_steps(cuda_model, refill):
     """A budget that holds a fraction of the work: refill (or static waves) with CUDA graphs, same tokens."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    _check_under_a_quarter_budget(cuda_model, refill=refill)
+
+
+def _check_under_a_quarter_budget(model, **options):
+    """4 documents x 8 questions under a budget of 120 slots, streams stopping at different steps: the tokens of
+    `model.generate` on each prompt alone."""
     from .test_scheduling import CHUNK, corpus, max_memory_for
 
-    torch.backends.cuda.matmul.allow_tf32 = False
     prompts = corpus(7, docs=4, questions=8)
-    free = [generate_alone(cuda_model, p, 10) for p in prompts]
+    free = [generate_alone(model, p, 10) for p in prompts]
     eos = sorted({free[0][2], free[9][6], free[17][4], free[30][1]})
-    got = generate_tokens(cuda_model, prompts, max_new_tokens=10, eos_token_id=eos, prefill_chunk=CHUNK,
-                          max_memory=max_memory_for(cuda_model, 120), refill=refill)  # fmt: skip
-    assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]
+    got = generate_tokens(model, prompts, max_new_tokens=10, eos_token_id=eos, prefill_chunk=CHUNK,
+                          max_memory=max_memory_for(model, 120), **options)  # fmt: skip
+    assert got == [generate_alone(model, p, 10, eos) for p in prompts]
 
 
 @pytest.mark.parametrize("attn", ATTNS)
@@ -123,8 +129,6 @@ def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
     captured in the steps' graphs, across calls and shrinking buckets of a Session, and under refill."""
     from hf_parallel.attention.triton import TritonBackend
 
-    from .test_scheduling import CHUNK, corpus, max_memory_for
-
     torch.backends.cuda.matmul.allow_tf32 = False
     attn = TritonBackend(own_tiles="overlap")
     with Session(cuda_model) as session:
@@ -134,9 +138,4 @@ def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
             eos = sorted({free[0][2], free[-1][5]})
             got = session.generate_tokens(prompts, max_new_tokens=10, eos_token_id=eos, attn=attn)
             assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]
-    prompts = corpus(7, docs=4, questions=8)
-    free = [generate_alone(cuda_model, p, 10) for p in prompts]
-    eos = sorted({free[0][2], free[9][6], free[17][4], free[30][1]})
-    got = generate_tokens(cuda_model, prompts, max_new_tokens=10, eos_token_id=eos, prefill_chunk=CHUNK,
-                          max_memory=max_memory_for(cuda_model, 120), attn=attn)  # fmt: skip
-    assert got == [generate_alone(cuda_model, p, 10, eos) for p in prompts]
+    _check_under_a_quarter_budget(cuda_model, attn=attn)
