@@ -118,3 +118,29 @@ def test_corpus_generate_batch_stops_each_request_at_its_length_with_generates_t
     want = [model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, len(p):].tolist() for p, n in zip(prompts, targets)]  # fmt: skip
     assert got["answers"] == want and got["tokens"] == sum(targets)
+
+
+def test_admission_replay_counts_every_streams_own_reads_and_the_resident_documents():
+    """eval/admission_replay.py's bandwidth bound: over a run, stream i reads its question and answer so far at each of
+    its tokens, q_i * a_i + a_i (a_i + 1) / 2 slots, in either schedule; a round reads whole documents, at least one
+    and at most all of them; the bound is their bytes at the bandwidth."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))
+    try:
+        spec = importlib.util.spec_from_file_location("eval_replay", Path(__file__).parents[1] / "eval" /
+                                                      "admission_replay.py")  # fmt: skip
+        replay = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(replay)
+    finally:
+        sys.path.pop(0)
+    doc, questions, docs = 40, 6, 3
+    prompts, targets = replay.workload(list(range(3, 1003)), docs, doc, questions, lambda rng: rng.randint(2, 9), 2,
+                                       10**9)  # fmt: skip
+    groups = [list(range(d * questions, (d + 1) * questions)) for d in range(docs)]
+    own = sum((len(p) - doc) * a + a * (a + 1) // 2 for p, a in zip(prompts, targets))
+    got = {refill: replay.replay(prompts, targets, groups, 120, 64, refill, doc_len=doc) for refill in (True, False)}
+    for figures in got.values():
+        assert figures["own_slots_read"] == own
+        assert doc <= figures["document_slots_read"] <= doc * docs * figures["rounds"]
+        assert figures["document_slots_read"] % doc == 0
+    bound = replay.bound(got[True], weights_gb=1.0, slot_bytes=10**6, bandwidth=1e12)
+    assert bound["own_s"] == round(own * 1e-6, 1) and bound["weights_s"] == round(got[True]["rounds"] * 1e-3, 1)
