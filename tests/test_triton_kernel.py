@@ -601,7 +601,9 @@ def test_long_documents_generate_as_model_generate():
 
 # -- end to end: generate_tokens(attn="triton") == model.generate per prompt alone (fp32, greedy) --
 
-E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("gpt_oss", {}), ("qwen3_5_text", {})]
+E2E = [("llama", {}), ("gemma2", {}), ("mistral", {"streams_per_tile": 1}), ("gpt_oss", {}), ("qwen3_5_text", {}),
+       ("gemma2", {"own_tiles": "serial"}), ("mistral", {"own_tiles": "serial"}), ("gpt_oss", {"own_tiles": "serial"}),
+       ("qwen3_5_text", {"own_tiles": "serial"})]  # fmt: skip  # the own split with softcaps, windows, sinks
 E2E_CUDA = [("qwen2", {}), ("gemma", {}), ("phi3", {}), ("gpt2", {}), ("llama", {"interleaved": True})]
 
 
@@ -618,7 +620,8 @@ def test_generate_matches_model_generate(arch, options):
     prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]  # and a second root
     # eager decode: CUDA-graph capture of this path is the generation loop's business, tested there
     opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
-                                     attn=TritonBackend(options.get("streams_per_tile")))  # fmt: skip
+                                     attn=TritonBackend(options.get("streams_per_tile"),
+                                                        own_tiles=options.get("own_tiles", "auto")))  # fmt: skip
     layout = build_layout(prompts, 6, interleaved=options.get("interleaved", False))
     got = Runner(model, layout, opts, opts.attn).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]
