@@ -60,7 +60,7 @@ def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
         function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
         if isinstance(function, types.FunctionType) and code is not None and ROTARY in code.co_names:
             parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
-    return sorted(set(parts), key=parts.index)
+    return list(dict.fromkeys(parts))  # once each, in order
 
 
 def _natural(name: str):

@@ -53,7 +53,7 @@ class TritonStaticPlan:
 
     def __init__(self, backend: TritonBackend, row: Row, bucket: int):
         self.bucket, self.streams_per_tile = bucket, backend.streams_per_tile
-        self.split = backend.splits(row) and _segment_table(row.layout) is not None
+        self.split = backend.splits(row)
         self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
                                        device=row.device)  # fmt: skip
         self.own = None
@@ -70,9 +70,7 @@ class TritonStaticPlan:
         tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
         self.tiles.fill_(tiles.to(q_slot.device))
         if self.split:
-            own = build_tile_plan(row.layout, q_slot, row.group, self.own.block_m, own_streams_per_tile(row.group),
-                                  part="own")  # fmt: skip
-            self.own.fill_(own.to(q_slot.device))
+            self.own.fill_(own_plan(row, q_slot, self.own.block_m).to(q_slot.device))
 
 
 class TritonBackend(AttentionBackend):
@@ -130,10 +128,8 @@ class TritonBackend(AttentionBackend):
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         args = (row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
         if self.splits(row) and _one_query_per_stream(row.layout, q_slot):
-            own = build_tile_plan(row.layout, q_slot, row.group, None, own_streams_per_tile(row.group), row.device,
-                                  part="own")  # fmt: skip
             return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared"),
-                                        own_tiles=own)  # fmt: skip
+                                        own_tiles=own_plan(row, q_slot, device=row.device))  # fmt: skip
         runs = causal_runs(row.layout, q_slot) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
         return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
@@ -143,10 +139,11 @@ class TritonBackend(AttentionBackend):
         return TritonStaticPlan(self, row, bucket)
 
     def splits(self, row: Row) -> bool:
-        """Whether decode forwards over `row` run the shared and own plans (`own_tiles`)."""
-        if self.own_tiles == "auto":
-            return row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2
-        return self.own_tiles is not None
+        """Whether decode forwards over `row` run the shared and own plans (`own_tiles`; stream-major rows only,
+        every segment a slot range)."""
+        if self.own_tiles is None or _segment_table(row.layout) is None:
+            return False
+        return self.own_tiles != "auto" or (row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2)
 
     @property
     def graph_key(self) -> tuple:
@@ -158,10 +155,14 @@ def own_streams_per_tile(group: int) -> int:
     return max(1, MIN_DOT_ROWS // group)
 
 
+def own_plan(row: Row, q_slot: torch.Tensor, block_m: int | None = None, device=None) -> TilePlan:
+    """The own part's tile plan of a decode forward over `row` (`TritonBackend(own_tiles=...)`)."""
+    return build_tile_plan(row.layout, q_slot, row.group, block_m, own_streams_per_tile(row.group), device,
+                           part="own")  # fmt: skip
+
+
 def _one_query_per_stream(layout, q_slot: torch.Tensor) -> bool:
-    """A decode forward of a stream-major row: every query in a segment of its own, every segment a slot range."""
-    if _segment_table(layout) is None:
-        return False
+    """A decode forward: every query in a segment of its own."""
     q_seg = layout.slot_seg[q_slot.cpu()]
     return len(torch.unique(q_seg)) == len(q_seg)
 
