@@ -44,8 +44,8 @@ class ExactRoom(Admission):
         return super()._place(group, live)
 
 
-def replay(prompts, targets, groups, capacity: int, streams: int, refill: bool, exact_room: bool = False,
-           doc_len: int = 0) -> dict:  # fmt: skip
+def replay(prompts, targets, groups, doc_len: int, capacity: int, streams: int, refill: bool,
+           exact_room: bool = False) -> dict:  # fmt: skip
     budget = RowBudget(capacity, streams, 0)
     if exact_room:
         admission = ExactRoom(targets, prompts, groups, max(targets), budget, refill)
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     groups = [list(range(d * args.questions, (d + 1) * args.questions)) for d in range(args.docs)]
     for exact in (False, True) if args.exact_room else (False,):
         for refill in (True, False):
-            got = replay(prompts, targets, groups, args.capacity, args.streams, refill, exact, args.doc)
+            got = replay(prompts, targets, groups, args.doc, args.capacity, args.streams, refill, exact)
             name = ("refill" if refill else "waves") + (" with exact answer room" if exact else "")
             print(name, got, "bandwidth bound", bound(got, *ceilings))
 

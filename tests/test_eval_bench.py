@@ -137,7 +137,7 @@ def test_admission_replay_counts_every_streams_own_reads_and_the_resident_docume
                                        10**9)  # fmt: skip
     groups = [list(range(d * questions, (d + 1) * questions)) for d in range(docs)]
     own = sum((len(p) - doc) * a + a * (a + 1) // 2 for p, a in zip(prompts, targets))
-    got = {refill: replay.replay(prompts, targets, groups, 120, 64, refill, doc_len=doc) for refill in (True, False)}
+    got = {refill: replay.replay(prompts, targets, groups, doc, 120, 64, refill) for refill in (True, False)}
     for figures in got.values():
         assert figures["own_slots_read"] == own
         assert doc <= figures["document_slots_read"] <= doc * docs * figures["rounds"]
