@@ -16,7 +16,8 @@
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
    own KV, q and o; bandwidth is against the copy bandwidth measured in the same run.
    Also the last 2048-token prefill chunk of the document (causal), kernel configs vs SDPA, and the backend
-   as a prefill forward runs it (the document's run through causal SDPA).
+   as a prefill forward runs it (the document's run through causal SDPA); and the whole 8k document as one
+   chunk, the backend against Transformers' own `sdpa` attention, each shape (`--prefill`: only these).
 Results: results.json and summary.md under --out.
 """
 
@@ -267,6 +268,7 @@ def bench_prefill(ceiling) -> list[dict]:
     rows.append({"method": "prefill_backend", "us": round(us, 1), "TFLOP/s": round(flops / us / 1e6, 1),
                  "err": round(err, 4)})  # fmt: skip
     print("   ", rows[-1])
+    rows += prefill_whole_document()
     for block_m, block_n, warps, stages in [(None, None, None, None), (128, 64, 8, 2), (128, 64, 8, 3),
                                             (128, 128, 8, 2), (64, 64, 4, 3), (64, 128, 4, 2)]:  # fmt: skip
         config = None if block_n is None else KernelConfig(block_n, 1, warps, stages)
@@ -281,6 +283,44 @@ def bench_prefill(ceiling) -> list[dict]:
                      "TFLOP/s": round(flops / us / 1e6, 1), "err": round(err, 4), "config": cfg.__dict__})  # fmt: skip
         print("   ", rows[-1])
     return rows
+
+
+def prefill_whole_document() -> list[dict]:
+    """An 8k document's one prefill chunk (8,192 queries, causal), each shape, q/k/v in the layouts a model's
+    projections give ([1, N, H, D] transposed): the backend as a forward runs it, against Transformers' own
+    `sdpa` attention (what `attn_implementation="sdpa"` runs: causal SDPA, then its output made contiguous)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = []
+    for shape, (heads, kv_heads, dim) in SHAPES.items():
+        layout = build_layout([list(range(3, 3 + DOC))], 1)
+        ids = SlotIds.from_layout(layout, torch.device("cuda"))
+        q_slot = torch.arange(DOC, device="cuda")
+        q = torch.randn(1, DOC, heads, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k, v = (torch.randn(1, DOC, kv_heads, dim, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                for _ in range(2))  # fmt: skip
+        module = torch.nn.Module().eval()
+        module.is_causal, module.num_key_value_groups = True, heads // kv_heads
+        flops = 4 * heads * dim * DOC * DOC / 2
+        backend = TritonBackend()
+        plan = backend.plan(Row(layout, ids, DOC, group=heads // kv_heads), q_slot)
+        assert plan.runs and plan.run_tiles.num_tiles == 0
+        ways = {"prefill_whole_hf_sdpa": functools.partial(_as_layer_output, sdpa_attention_forward, module, q, k, v),
+                "prefill_whole_backend": functools.partial(_as_layer_output, backend.attention, module, q, k, v,
+                                                           pp_plan=plan)}  # fmt: skip
+        outs = {name: fn() for name, fn in ways.items()}
+        err = (outs["prefill_whole_backend"].float() - outs["prefill_whole_hf_sdpa"].float()).abs().max().item()
+        for name, fn in ways.items():
+            us = measure([fn])
+            rows.append({"method": name, "shape": shape, "us": round(us, 1), "TFLOP/s": round(flops / us / 1e6, 1),
+                         "err": round(err, 4)})  # fmt: skip
+            print("   ", rows[-1])
+    return rows
+
+
+def _as_layer_output(attention, module, q, k, v, **kwargs) -> torch.Tensor:
+    """An attention function's output as a model's layer takes it on: [1, N, H * D], contiguous."""
+    return attention(module, q, k, v, None, **kwargs)[0].reshape(1, q.shape[2], -1).contiguous()
 
 
 def tile_sweep(out: Path, ceiling: float) -> list[dict]:
@@ -361,6 +401,7 @@ def main() -> None:
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--tiles", action="store_true", help="only the streams-per-tile sweep (tiles.json)")
+    parser.add_argument("--prefill", action="store_true", help="only the document prefill lines (prefill.json)")
     parser.add_argument("--question-prefill", action="store_true",
                         help="only the questions' prefill sweep (question-prefill.json)")  # fmt: skip
     args = parser.parse_args()
@@ -371,6 +412,9 @@ def main() -> None:
         return
     if args.question_prefill:
         question_prefill_sweep(args.out)
+        return
+    if args.prefill:
+        (args.out / "prefill.json").write_text(json.dumps(bench_prefill(copy_bandwidth()), indent=1))
         return
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     results["tests"] = "skipped" if args.skip_tests else run_tests(args.out, args.test_timeout)

@@ -6,8 +6,10 @@ The workload of `eval/corpus_bench.py` (4k-token documents, answers of 16-512 to
 through EOS) through one call with continuous refill and one in static waves.  Every forward
 (captured decode step or eager round) is bracketed by CUDA events, so its GPU time is known
 without a profiler's overhead; wall time less that is the host's share of a round (planning,
-admission, generate's processors, the round's one sync).  Then `torch.profiler` over a window
-of `--profile-rounds` rounds of each gives the GPU time by kernel group (attention, GEMM, other).
+admission, generate's processors, the round's one sync), and the host's parts are timed on their own
+(`HostTimer`: admission, the cohorts' choices, plan refreshes, captures, eager forwards).  Then
+`torch.profiler` over a window of `--profile-rounds` rounds of each gives the GPU time by kernel group
+(attention, GEMM, other).
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ sys.path.insert(0, str(ROOT))
 import hf_parallel  # noqa: E402
 from eval.corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
 from eval.profile_step import group_of  # noqa: E402
+from hf_parallel.attention.triton import TritonStaticPlan  # noqa: E402
+from hf_parallel.engine import Cohort, RefillEngine  # noqa: E402
+from hf_parallel.graphs import DecodeGraphs  # noqa: E402
 from hf_parallel.runner import Runner  # noqa: E402
 
 
@@ -70,10 +75,52 @@ class ForwardTimer:
         return sum(a.elapsed_time(b) for a, b in self.events)
 
 
+class HostTimer:
+    """Wall time and calls of the host's parts of a round (nested parts count in each): the engine's admission
+    (with the row's snapshot), each cohort's choice of tokens (generate's processors, launched), a captured step's
+    plan refresh, a step's capture (its warm-up forward included) and the eager forwards (admitting rounds)."""
+
+    PARTS = {
+        "admit": (RefillEngine, "_admit"),
+        "choose": (Cohort, "choose"),
+        "plan_update": (TritonStaticPlan, "update"),
+        "capture": (DecodeGraphs, "_capture"),
+        "eager_forward": (Runner, "forward"),
+    }
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(self.PARTS, 0.0)
+        self.calls = dict.fromkeys(self.PARTS, 0)
+        self.originals = {part: getattr(*where) for part, where in self.PARTS.items()}
+
+    def __enter__(self):
+        for part, (owner, name) in self.PARTS.items():
+            setattr(owner, name, self._wrap(part, self.originals[part]))
+        return self
+
+    def __exit__(self, *exc):
+        for part, (owner, name) in self.PARTS.items():
+            setattr(owner, name, self.originals[part])
+
+    def _wrap(self, part, original):
+        def timed(obj, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - start
+                self.calls[part] += 1
+
+        return timed
+
+    def report(self) -> dict:
+        return {f"host_{part}": {"s": round(self.seconds[part], 3), "calls": self.calls[part]} for part in self.PARTS}
+
+
 def timed_call(model, prompts, targets, **options) -> dict:
     processor = ForcedLength(len(prompts[0]), 2)
     torch.cuda.synchronize()
-    with ForwardTimer() as timer:
+    with ForwardTimer() as timer, HostTimer() as host:
         start = time.perf_counter()
         out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
                                           logits_processor=[processor], progress=False, **options)  # fmt: skip
@@ -84,7 +131,7 @@ def timed_call(model, prompts, targets, **options) -> dict:
     rounds = len(timer.events)
     return {"wall_s": round(wall, 3), "forward_gpu_s": round(gpu, 3), "rounds": rounds,
             "wall_ms_per_round": round(1e3 * wall / rounds, 2), "gpu_ms_per_round": round(1e3 * gpu / rounds, 2),
-            "tokens_per_s": round(sum(targets) / wall)}  # fmt: skip
+            "tokens_per_s": round(sum(targets) / wall), **host.report()}  # fmt: skip
 
 
 def profiled_rounds(model, prompts, targets, rounds: int, skip: int, **options) -> dict:
