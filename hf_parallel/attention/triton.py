@@ -296,13 +296,12 @@ def causal_attention(query, key, value, run: CausalRun, scale: float) -> torch.T
     attention on the GPU).  A run that starts after its first key is aligned at the bottom right."""
     q = query[:, :, run.first : run.stop]
     k, v = key[:, :, run.key_start : run.key_stop], value[:, :, run.key_start : run.key_stop]
-    group = q.shape[1] // k.shape[1]
-    if group > 1:  # K/V repeated per query head: the bottom-right bias takes no grouped query heads, and with
-        # enable_gqa the whole 8k document of Qwen2.5-7B's shape took 897 us a layer on the H200, 803 so
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    if q.shape[2] == k.shape[2]:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    else:
+    if q.shape[2] == k.shape[2]:  # the call Transformers' `sdpa` attention makes
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+    else:  # the bottom-right causal bias dispatches without grouped-query support: K/V repeated per query head
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]), scale=scale)
     return out[0]
 
