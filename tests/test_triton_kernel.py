@@ -578,6 +578,32 @@ def test_causal_runs_through_sdpa_match_the_reference(chunk, heads, dtype):
         torch.testing.assert_close(out.float(), want[0], atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=str)
+def test_a_chunk_of_one_document_returns_sdpa_output_uncopied(heads, monkeypatch):
+    """A prefill forward whose queries are one document's run alone hands SDPA's output on as the layer's (a
+    transposed view, the layout a model reshapes for free), not a copy into a new output; a forward with other
+    queries beside the run still writes one output."""
+    layout, prompts = two_documents(seed=7)
+    slots = layout.prompt_slots()[0]
+    doc_len = len(prompts[0]) - 3
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=heads[0] // heads[1])
+    made = []
+    sdpa = launcher.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        launcher.F, "scaled_dot_product_attention", lambda *a, **k: made.append(sdpa(*a, **k)) or made[-1]
+    )
+    for q_slot, alone in ((slots[:doc_len], True), (slots[: doc_len + 3], False)):
+        plan = TritonBackend().plan(row, q_slot.to(DEVICE))
+        q, k, v = random_qkv(plan, *heads, 16, torch.float32, seed=2)
+        made.clear()
+        out = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        assert len(made) == 1 and out.shape == (1, len(q_slot), heads[0], 16)
+        shares = out.untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()
+        assert shares == alone
+        want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        torch.testing.assert_close(out, want, **dict(zip(("atol", "rtol"), TOLERANCE[torch.float32])))
+
+
 def test_decode_steps_and_short_documents_have_no_runs():
     layout, _ = two_documents(seed=3)
     assert tile_plans.causal_runs(layout, layout.answer_slots[:, 0]) == ()
