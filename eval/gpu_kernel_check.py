@@ -232,7 +232,7 @@ def sweep_configs(layout, plan, q, kv, want, step_bytes, ceiling, deadline) -> d
             "tried": [(round(r[0], 2), round(r[1], 4), r[2], r[3], r[4]) for r in results]}  # fmt: skip
 
 
-def bench_prefill(ceiling) -> list[dict]:
+def bench_prefill() -> list[dict]:
     """The last 2048-token chunk of an 8k document (causal), CodeLlama shape: kernel vs dense SDPA."""
     heads, kv_heads, dim = SHAPES["codellama-7b"]
     layout = build_layout([list(range(3, 3 + DOC))], 1)
@@ -427,7 +427,7 @@ def main() -> None:
         question_prefill_sweep(args.out)
         return
     if args.prefill:
-        (args.out / "prefill.json").write_text(json.dumps(bench_prefill(copy_bandwidth()), indent=1))
+        (args.out / "prefill.json").write_text(json.dumps(bench_prefill(), indent=1))
         return
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     results["tests"] = "skipped" if args.skip_tests else run_tests(args.out, args.test_timeout)
@@ -443,7 +443,7 @@ def main() -> None:
         results["decode"][name] = bench_workload(shape, streams, ceiling, deadline, not args.no_sweep)
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
         torch.cuda.empty_cache()
-    results["prefill"] = bench_prefill(ceiling)
+    results["prefill"] = bench_prefill()
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     write_summary(args.out, results)
     print(f"done in {time.time() - start:.0f} s")

@@ -36,27 +36,36 @@ from hf_parallel.graphs import DecodeGraphs  # noqa: E402
 from hf_parallel.runner import Runner  # noqa: E402
 
 
-class ForwardTimer:
-    """CUDA events around every captured step's replay and every eager `Runner.forward`: the GPU time of a round's
-    forward, the host's work before it (planning) not counted."""
+class Patched:
+    """While entered, each method of `PARTS` (part name -> (class, method name)) is replaced by `_wrap(part,
+    original)`; on exit the originals come back."""
 
-    def __init__(self):
-        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        self.originals = {
-            (Runner, "forward"): Runner.forward,
-            (torch.cuda.CUDAGraph, "replay"): torch.cuda.CUDAGraph.replay,
-        }
+    PARTS: dict[str, tuple[type, str]] = {}
 
     def __enter__(self):
-        for (owner, name), original in self.originals.items():
-            setattr(owner, name, self._wrap(original))
+        self.originals = {part: getattr(*where) for part, where in self.PARTS.items()}
+        for part, (owner, name) in self.PARTS.items():
+            setattr(owner, name, self._wrap(part, self.originals[part]))
         return self
 
     def __exit__(self, *exc):
-        for (owner, name), original in self.originals.items():
-            setattr(owner, name, original)
+        for part, (owner, name) in self.PARTS.items():
+            setattr(owner, name, self.originals[part])
 
-    def _wrap(self, original):
+    def _wrap(self, part: str, original):
+        raise NotImplementedError
+
+
+class ForwardTimer(Patched):
+    """CUDA events around every captured step's replay and every eager `Runner.forward`: the GPU time of a round's
+    forward, the host's work before it (planning) not counted."""
+
+    PARTS = {"forward": (Runner, "forward"), "replay": (torch.cuda.CUDAGraph, "replay")}
+
+    def __init__(self):
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def _wrap(self, part, original):
         def timed(obj, *args, **kwargs):
             if torch.cuda.is_current_stream_capturing():
                 return original(obj, *args, **kwargs)
@@ -75,7 +84,7 @@ class ForwardTimer:
         return sum(a.elapsed_time(b) for a, b in self.events)
 
 
-class HostTimer:
+class HostTimer(Patched):
     """Wall time and calls of the host's parts of a round (nested parts count in each): the engine's admission
     (with the row's snapshot), each cohort's choice of tokens (generate's processors, launched), a captured step's
     plan refresh, a step's capture (its warm-up forward included) and the eager forwards (admitting rounds)."""
@@ -91,16 +100,6 @@ class HostTimer:
     def __init__(self):
         self.seconds = dict.fromkeys(self.PARTS, 0.0)
         self.calls = dict.fromkeys(self.PARTS, 0)
-        self.originals = {part: getattr(*where) for part, where in self.PARTS.items()}
-
-    def __enter__(self):
-        for part, (owner, name) in self.PARTS.items():
-            setattr(owner, name, self._wrap(part, self.originals[part]))
-        return self
-
-    def __exit__(self, *exc):
-        for part, (owner, name) in self.PARTS.items():
-            setattr(owner, name, self.originals[part])
 
     def _wrap(self, part, original):
         def timed(obj, *args, **kwargs):

@@ -253,17 +253,17 @@ def stream_attention(
             raise ValueError(f"sinks must hold one logit per query head, [{query.shape[1]}]; got {tuple(sinks.shape)}")
         sinks = sinks.detach().float().contiguous()
     _, heads, n, dim = query.shape
-    cfg = config or default_config(query, key, tiles)
-    own_cfg = default_config(query, key, own) if own is not None else None
-    if own_cfg is not None and config is not None:
-        own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
-    splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     scale = scaling if scaling is not None else dim**-0.5
     if runs and (sliding_window is not None or softcap is not None or sinks is not None):
         raise ValueError("causal runs go through plain SDPA, which takes no sliding window, softcap or sinks")
     if out is None and not tiles.num_tiles and own is None and [(r.first, r.stop) for r in runs] == [(0, n)]:
         # a chunk of one document alone: SDPA's output as the layer's ([1, N, H, D], flash attention's own layout)
         return causal_attention(query, key, value, runs[0], scale).unsqueeze(0).transpose(1, 2)
+    cfg = config or default_config(query, key, tiles)
+    own_cfg = default_config(query, key, own) if own is not None else None
+    if own_cfg is not None and config is not None:
+        own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
+    splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
     part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
