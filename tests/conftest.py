@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -141,3 +143,17 @@ if os.environ.get("HF_HUB_OFFLINE") is None:
 def pytest_addoption(parser):
     text = "tests/test_model_coverage.py: every causal LM type of the installed transformers, not the CI sample"
     parser.addoption("--full-sweep", action="store_true", help=text)
+
+
+def eval_module(name: str):
+    """eval/<name>.py as the module `eval_<name>` (registered before it runs, as its dataclasses need; eval/ on the
+    path while it loads, as its scripts import each other by name)."""
+    folder = Path(__file__).resolve().parents[1] / "eval"
+    spec = importlib.util.spec_from_file_location(f"eval_{name}", folder / f"{name}.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-from .conftest import VOCAB, tiny_model
+from .conftest import VOCAB, eval_module, tiny_model
 
-_SPEC = importlib.util.spec_from_file_location("eval_bench", Path(__file__).parents[1] / "eval" / "bench.py")
-bench = sys.modules["eval_bench"] = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bench)
+bench = eval_module("bench")
 
 DOC = [(7 * i + 3) % (VOCAB - 3) + 3 for i in range(40)]
 QUESTIONS = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27], [31], [41, 42, 43, 44, 45]]  # of different lengths
@@ -69,10 +64,7 @@ def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
 
 def test_profile_step_groups_kernel_time_of_prefill_and_decode(tmp_path):
     """eval/profile_step.py on the CPU (tiny model, reference path): per-group times of prefill and decode."""
-    path = Path(__file__).parents[1] / "eval" / "profile_step.py"
-    spec = importlib.util.spec_from_file_location("eval_profile_step", path)
-    profile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(profile)
+    profile = eval_module("profile_step")
     assert [profile.group_of(k) for k in ("stream_attention_fwd", "sm90_xmma_gemm_bf16", "triton_poi_fused_mul")] == [
         "attention", "gemm", "other"]  # fmt: skip
     # decode time is the full call's less the prefill's, each timed on its own: 64 decode steps, not 2, so that
@@ -90,9 +82,7 @@ def test_squad_calls_times_one_call_against_calls_of_documents(tmp_path):
     answers end at EOS by position within 32 tokens, and the report counts every question."""
     import gzip
 
-    spec = importlib.util.spec_from_file_location("squad_calls", Path(__file__).parents[1] / "eval" / "squad_calls.py")
-    squad_calls = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(squad_calls)
+    squad_calls = eval_module("squad_calls")
     doc = [(13 * i + 5) % 40000 + 3 for i in range(20)]
     per_doc = [[doc + [100 + q, 200 + q] for q in range(3)], [doc[::-1] + [300]]]
     prompts = tmp_path / "prompts.json.gz"
@@ -108,9 +98,7 @@ def test_squad_calls_times_one_call_against_calls_of_documents(tmp_path):
 def test_corpus_generate_batch_stops_each_request_at_its_length_with_generates_tokens():
     """eval/corpus_bench.py's comparison with Transformers' continuous batching: request i decodes exactly its own
     number of tokens, and (fp32, greedy) they are `model.generate`'s on that prompt alone."""
-    spec = importlib.util.spec_from_file_location("eval_corpus", Path(__file__).parents[1] / "eval" / "corpus_bench.py")
-    corpus = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(corpus)
+    corpus = eval_module("corpus_bench")
     model = tiny_model("llama")
     prompts = [DOC + q for q in QUESTIONS]
     targets = [3, 7, 1, 5]
@@ -124,14 +112,7 @@ def test_admission_replay_counts_every_streams_own_reads_and_the_resident_docume
     """eval/admission_replay.py's bandwidth bound: over a run, stream i reads its question and answer so far at each of
     its tokens, q_i * a_i + a_i (a_i + 1) / 2 slots, in either schedule; a round reads whole documents, at least one
     and at most all of them; the bound is their bytes at the bandwidth."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "eval"))
-    try:
-        spec = importlib.util.spec_from_file_location("eval_replay", Path(__file__).parents[1] / "eval" /
-                                                      "admission_replay.py")  # fmt: skip
-        replay = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(replay)
-    finally:
-        sys.path.pop(0)
+    replay = eval_module("admission_replay")
     doc, questions, docs = 40, 6, 3
     prompts, targets = replay.workload(list(range(3, 1003)), docs, doc, questions, lambda rng: rng.randint(2, 9), 2,
                                        10**9)  # fmt: skip

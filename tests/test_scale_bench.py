@@ -4,7 +4,6 @@ Transformers' (greedy, fp32), and the report's figures.  The GPU runs themselves
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -15,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from .conftest import eval_module
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "eval" / "scale_bench.py"
-_SPEC = importlib.util.spec_from_file_location("eval_scale_bench", SCRIPT)
-scale = sys.modules["eval_scale_bench"] = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(scale)
+scale = eval_module("scale_bench")
 
 SMALL = ["--shape", "tiny", "--doc", "40", "--answer", "6", "--stock-chunk", "2"]
 
