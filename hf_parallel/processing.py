@@ -15,7 +15,8 @@ class allows; subclasses and unknown classes take the last way, exact by constru
     big    NoRepeatNGram, SequenceBias, NoBadWords, StopString match n-grams and tails: one call on the
            history left-padded with an id no vocabulary has, which no pattern matches.
     group  anything else, user and unknown classes included: per group of streams of one prompt length
-           (of one prompt, where a processor holds it), that group's own instance on its exact history.
+           (of one prompt, where a processor holds it), that group's own instance on its exact history
+           (where one group holds every live row, on the scores themselves: no gather and scatter).
 
 The padded ways were verified bit-exact against each prompt alone on transformers 5.17 and 5.24
 (tests/test_generation_options.py checks them against `model.generate`).
@@ -23,6 +24,7 @@ The padded ways were verified bit-exact against each prompt alone on transformer
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -99,6 +101,7 @@ class Processing:
         ways = {s.way for s in self.process + self.stop}
         self.row_group = list(stream_group)  # host: the group of each live row
         self.rows = _rows(self.row_group, len(groups), device) if "group" in ways else None
+        self.whole = _whole(self.rows)
         self.lmax, self.length = max(self.lens), 0  # prompt columns of the history; answer tokens so far
         self.history = _history(prompts, self.lmax, room, ways, device)
         self.zero = torch.zeros(1, 1, dtype=torch.long, device=device)
@@ -153,6 +156,7 @@ class Processing:
         if self.rows is not None:  # one host read, only when the live streams change
             self.row_group = [g for g, kept in zip(self.row_group, running.tolist()) if kept]
             self.rows = _rows(self.row_group, len(self.groups), running.device)
+            self.whole = _whole(self.rows)
 
     def _ids(self, stage: Stage, n: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
         if stage.way == "shape":
@@ -161,11 +165,17 @@ class Processing:
             return tokens[:, None]
         return self.history[stage.way][:, : self.lmax + self.length]
 
-    def _group_ids(self, g: int, rows: torch.Tensor) -> torch.Tensor:
-        """Group g's exact histories [n_g, P_g + t]: the right-aligned buffer without its pad columns."""
-        return self.history["big"][rows, self.lmax - self.lens[g] : self.lmax + self.length]
+    def _group_ids(self, g: int, rows: torch.Tensor | None) -> torch.Tensor:
+        """Group g's exact histories [n_g, P_g + t] (rows None: every live row's, contiguous as generate's)."""
+        columns = slice(self.lmax - self.lens[g], self.lmax + self.length)
+        return self.history["big"][:, columns].contiguous() if rows is None else self.history["big"][rows, columns]
 
     def _per_group(self, index: list[int], scores: torch.Tensor) -> torch.Tensor:
+        if self.whole is not None:  # one group holds every row: its processors on the scores, as generate runs them
+            ids = self._group_ids(self.whole, None)
+            for k in index:
+                scores = self.groups[self.whole].processors[k](ids, scores)
+            return scores
         out = scores.clone()
         for g, rows in enumerate(self.rows):
             if rows is not None:
@@ -176,6 +186,10 @@ class Processing:
         return out
 
     def _per_group_stop(self, index: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        if self.whole is not None:
+            ids, criteria = self._group_ids(self.whole, None), self.groups[self.whole].criteria
+            hits = [criteria[k](ids, None).to(tokens.device) for k in index]
+            return functools.reduce(torch.logical_or, hits)
         done = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
         for g, rows in enumerate(self.rows):
             if rows is not None:
@@ -202,6 +216,12 @@ def _rows(row_group: list[int], n_groups: int, device) -> list[torch.Tensor | No
     for row, g in enumerate(row_group):
         members[g].append(row)
     return [torch.tensor(m, device=device) if m else None for m in members]
+
+
+def _whole(rows: list[torch.Tensor | None] | None) -> int | None:
+    """The group holding every live row, where only one does (its rows are then all rows, in order)."""
+    present = [g for g, r in enumerate(rows or []) if r is not None]
+    return present[0] if len(present) == 1 else None
 
 
 def _history(prompts: list, lmax: int, room: int, ways: set, device) -> dict[str, torch.Tensor]:

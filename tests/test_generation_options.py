@@ -123,6 +123,16 @@ def _greedy_cases(free: list[list[int]]) -> dict[str, dict]:
     }
 
 
+def test_user_processor_and_criterion_over_one_group_of_rows():
+    """Prompts of one length: one group holds every row, so the user's processor and criterion run on the rows'
+    own scores and histories (no per-group gather), and rows leave as streams stop: still generate's tokens."""
+    model, prompts = model_with(), doc_prompts(6, lengths=(5, 5, 5, 5, 5))
+    options = dict(do_sample=False, max_new_tokens=NEW, eos_token_id=[], logits_processor=[BanRecent()],
+                   stopping_criteria=[StopAfterRepeat()])  # fmt: skip
+    got = check_greedy(model, prompts, **options)
+    assert 1 < len(set(map(len, got)))  # streams stopped at different steps
+
+
 @pytest.mark.parametrize("case", sorted(_greedy_cases([[0] * NEW] * 5)))
 def test_each_greedy_option_matches_generate(case):
     model, prompts = model_with(QWEN), doc_prompts(2)
