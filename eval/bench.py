@@ -22,6 +22,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
+  pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
+               `gpu_kernel_check.py --own` in isolation (ablation)
   generate_batch  Transformers' continuous batching: `model.generate_batch` on every prompt, paged attention with
                prefix block sharing on (`--generate-batch extrapolate`, the default: timed at 4 and 16 answer
                tokens after an untimed run, extended linearly; `full`: every token)
@@ -39,6 +41,7 @@ row count is generated in full and timed, and each chunk counted at its row coun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import gzip
@@ -54,6 +57,7 @@ import transformers
 
 from hf_parallel import GenerationOptions, Session
 from hf_parallel.attention import resolve_backend
+from hf_parallel.attention import triton as triton_backend
 from hf_parallel.attention.triton import TritonBackend
 from hf_parallel.fusion import FUNCTION
 from hf_parallel.layout import build_layout
@@ -88,7 +92,27 @@ METHODS = {  # generate_tokens options, and whether the layout is the paper's in
     "pp_interleaved": (dict(attn="triton"), True),
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
+    "pp_own_launch_wide": (dict(attn="triton"), False),  # run under `wide_own_launch()` (run_pp)
 }
+
+
+@contextlib.contextmanager
+def wide_own_launch():
+    """The own plan launched with at least 2 KV splits and 8 warps (16-bit), the best of `gpu_kernel_check.py
+    --own` in isolation: the ablation of `own_launch_config`."""
+    saved = triton_backend.own_launch_config
+
+    def wide(query, key, own):
+        cfg = saved(query, key, own)
+        if query.dtype == torch.float32:
+            return cfg
+        return triton_backend.KernelConfig(cfg.block_n, max(2, cfg.num_splits), 8, cfg.num_stages)
+
+    triton_backend.own_launch_config = wide
+    try:
+        yield
+    finally:
+        triton_backend.own_launch_config = saved
 
 
 @dataclass
@@ -163,7 +187,12 @@ SESSIONS: dict = {}  # model -> its Session: one row kept between a method's run
 def run_pp(model, prompts, work: Workload, method: tuple[dict, bool], repeats: int = 2) -> dict:
     options, interleaved = method
     session = SESSIONS.setdefault(id(model), Session(model))
-    run = lambda n: generate(model, prompts, n, options, interleaved, session)  # noqa: E731
+    context = wide_own_launch if method is METHODS["pp_own_launch_wide"] else contextlib.nullcontext
+
+    def run(n):
+        with context():
+            return generate(model, prompts, n, options, interleaved, session)
+
     warmup_s, _ = timed(lambda: run(work.answer_tokens))  # kernels, graph capture (and compilation) at full size
     prefill_s = min(timed(lambda: run(1))[0] for _ in range(repeats))
     runs = [timed(lambda: run(work.answer_tokens)) for _ in range(repeats)]
@@ -437,7 +466,8 @@ def plot(results: list[dict], path: Path) -> None:
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
-                           "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled", "roofline"]
+                           "pp_own_launch_wide", "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled",
+                           "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

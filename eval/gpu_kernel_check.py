@@ -18,6 +18,7 @@
    Also the last 2048-token prefill chunk of the document (causal), kernel configs vs SDPA, and the backend
    as a prefill forward runs it (the document's run through causal SDPA); and the whole 8k document as one
    chunk, the backend against Transformers' own `sdpa` attention, each shape (`--prefill`: only these).
+`--own`: only the own plan's streams per tile and launch configs, against long own regions (own.json).
 Results: results.json and summary.md under --out.
 """
 
@@ -392,6 +393,52 @@ def question_prefill_sweep(out: Path) -> list[dict]:
     return rows
 
 
+OWN_SWEEP = [(None, None)] + [  # (own streams per tile, (block_n, splits, warps, stages)); None: the default
+    (spt, cfg) for spt in (16, 8, 32) for cfg in ((64, 1, 4, 3), (64, 2, 4, 3), (64, 4, 4, 3), (64, 2, 8, 3),
+                                                  (64, 2, 4, 4), (32, 2, 4, 3), (128, 2, 8, 2), (32, 4, 4, 4))
+]  # fmt: skip
+
+
+def own_sweep(out: Path, ceiling: float, deadline: float) -> list[dict]:
+    """The own plan's tiles and launch (`TritonBackend(own_tiles=...)`, overlapped with the shared plan at its
+    default) against own regions of 512 and 1,024 slots: per layer µs of one decode step, CodeLlama's shape
+    (the one `own_tiles="auto"` splits), 128 and 256 streams; the one plan and the default split first."""
+    rows = []
+    for streams, answer in ((128, 480), (128, 992), (256, 480)):
+        layout, plan, q, kv, step_bytes = decode_case("codellama-7b", streams, answer=answer)
+        group = q.shape[1] // kv[0][0].shape[1]
+        shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared")
+        res = {"streams": streams, "own": QUESTION + answer}
+        _, _, fns = triton_run(layout, plan, q, kv)
+        want = fns[0]().float()
+        res["one_plan_us"] = round(measure(fns), 1)
+        print("   ", res, flush=True)
+        out_t = torch.empty(1, q.shape[2], q.shape[1], q.shape[3], device="cuda", dtype=q.dtype)
+        for spt, config in OWN_SWEEP:
+            if time.time() > deadline:
+                break
+            own = build_tile_plan(layout, plan.q_slot, group, None, spt or own_streams_per_tile(group), "cuda",
+                                  part="own")  # fmt: skip
+            cfg = KernelConfig(*config) if config else default_config(q, kv[0][0], own)
+            fns = [functools.partial(stream_attention, q, k, v, plan, shared, out=out_t, own=own, overlap=True,
+                                     own_config=cfg) for k, v in kv]  # fmt: skip
+            try:
+                got = fns[0]().float()
+                us = measure(fns)
+            except Exception as exc:  # e.g. out of shared memory
+                print("    skip", spt, config, type(exc).__name__, str(exc)[:120])
+                continue
+            rows.append({**res, "own_streams_per_tile": spt, "own_tiles": own.num_tiles, "own_config": cfg.__dict__,
+                         "default": config is None, "us": round(us, 1),
+                         "of_copy_bw": round(step_bytes / (us * 1e-6) / ceiling, 3),
+                         "max_abs_diff_vs_one_plan": round((got - want).abs().max().item(), 4)})  # fmt: skip
+            print("   ", rows[-1], flush=True)
+            (out / "own.json").write_text(json.dumps(rows, indent=1))
+        del kv
+        torch.cuda.empty_cache()
+    return rows
+
+
 def write_summary(out: Path, results: dict) -> None:
     lines = [f"# Triton kernel GPU check\n\ndevice: {results['device']}, copy bandwidth "
              f"{results['copy_GBps']} GB/s\n\npytest: {results['tests']}\n",
@@ -417,6 +464,7 @@ def main() -> None:
     parser.add_argument("--prefill", action="store_true", help="only the document prefill lines (prefill.json)")
     parser.add_argument("--question-prefill", action="store_true",
                         help="only the questions' prefill sweep (question-prefill.json)")  # fmt: skip
+    parser.add_argument("--own", action="store_true", help="only the own plan's sweep (own.json)")
     args = parser.parse_args()
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -425,6 +473,9 @@ def main() -> None:
         return
     if args.question_prefill:
         question_prefill_sweep(args.out)
+        return
+    if args.own:
+        own_sweep(args.out, copy_bandwidth(), start + args.budget)
         return
     if args.prefill:
         (args.out / "prefill.json").write_text(json.dumps(bench_prefill(), indent=1))

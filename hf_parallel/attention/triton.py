@@ -229,11 +229,19 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
     return KernelConfig(block_n, splits, num_warps=4 if tiles.block_m <= 64 else 8, num_stages=stages)
 
 
+def own_launch_config(query: torch.Tensor, key: torch.Tensor, own: TilePlan) -> KernelConfig:
+    """The own plan's launch (`TritonBackend(own_tiles=...)`): `default_config`'s.  Wider launches (2 KV splits,
+    8 warps) were up to 7% faster in eval/gpu_kernel_check.py's `--own` sweep but 3-5% slower end to end
+    (eval/bench.py's `pp_own_launch_wide`, docs/benchmarks.md)."""
+    return default_config(query, key, own)
+
+
 def stream_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
     runs: tuple[CausalRun, ...] = (), own: TilePlan | None = None, overlap: bool = False,
+    own_config: KernelConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None;
     a forward of one run alone, a chunk of one document, returns SDPA's output as it is, a transposed view).
@@ -243,7 +251,8 @@ def stream_attention(
     `tiles` leaves out, each run a causal prefix, through causal SDPA (no window, softcap or sinks).
     own: a second plan over the same queries (`build_tile_plan(part="own")`, `tiles` then its "shared"
     part), launched after `tiles` (`overlap`: beside it, on a second CUDA stream), its partial outputs
-    merged with the first's.
+    merged with the first's (`own_config`: its launch config, by default `own_launch_config`'s, with `config`'s
+    KV tiles and stages where `config` is given).
     """
     _check_inputs(query, key, value, plan, tiles)
     if own is not None:
@@ -260,8 +269,8 @@ def stream_attention(
         # a chunk of one document alone: SDPA's output as the layer's ([1, N, H, D], flash attention's own layout)
         return causal_attention(query, key, value, runs[0], scale).unsqueeze(0).transpose(1, 2)
     cfg = config or default_config(query, key, tiles)
-    own_cfg = default_config(query, key, own) if own is not None else None
-    if own_cfg is not None and config is not None:
+    own_cfg = own_config or (own_launch_config(query, key, own) if own is not None else None)
+    if own_cfg is not None and config is not None and own_config is None:
         own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
     splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
