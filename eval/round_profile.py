@@ -7,7 +7,8 @@ through EOS) through one call with continuous refill and one in static waves.  E
 (captured decode step or eager round) is bracketed by CUDA events, so its GPU time is known
 without a profiler's overhead; wall time less that is the host's share of a round (planning,
 admission, generate's processors, the round's one sync), and the host's parts are timed on their own
-(`HostTimer`: admission, the cohorts' choices, plan refreshes, captures, eager forwards).  Then
+(`HostTimer`: admission, the cohorts' choices, plan refreshes, captures, eager forwards), and so are
+the kernel builds inside them (`CompileTimer`: Triton's and dynamo's).  Then
 `torch.profiler` over a window of `--profile-rounds` rounds of each gives the GPU time by kernel group
 (attention, GEMM, other).
 """
@@ -15,6 +16,7 @@ admission, generate's processors, the round's one sync), and the host's parts ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import sys
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 import transformers
+import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 import hf_parallel  # noqa: E402
 from eval.corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
 from eval.profile_step import group_of  # noqa: E402
+from hf_parallel import processing  # noqa: E402
 from hf_parallel.attention.triton import TritonStaticPlan  # noqa: E402
 from hf_parallel.engine import Cohort, RefillEngine  # noqa: E402
 from hf_parallel.graphs import DecodeGraphs  # noqa: E402
@@ -116,10 +120,57 @@ class HostTimer(Patched):
         return {f"host_{part}": {"s": round(self.seconds[part], 3), "calls": self.calls[part]} for part in self.PARTS}
 
 
+class CompileTimer(Patched):
+    """Wall time and count of Triton's kernel builds in this process (`JITFunction._do_compile`: a build from
+    source or a load from Triton's disk cache) and of dynamo's compilations (its own `compilation_time_metrics`,
+    whose entries nest, so only the outermost, `_compile.compile_inner`, is summed)."""
+
+    PARTS = {"triton_build": (triton.runtime.jit.JITFunction, "_do_compile")}
+    if not hasattr(triton.runtime.jit.JITFunction, "_do_compile"):  # Triton before 3.3: builds not itemized
+        PARTS = {}
+
+    def __init__(self):
+        self.seconds, self.calls, self.kernels = 0.0, 0, {}
+
+    def __enter__(self):
+        self.dynamo = list(torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", []))
+        return super().__enter__()
+
+    def _wrap(self, part, original):
+        def timed(obj, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self.calls += 1
+                self.kernels[obj.__name__] = self.kernels.get(obj.__name__, 0) + 1
+
+        return timed
+
+    def report(self) -> dict:
+        after = torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", [])
+        dynamo = after[len(self.dynamo) :]
+        return {"triton_builds": {"s": round(self.seconds, 3), "calls": self.calls, "kernels": self.kernels},
+                "dynamo_compiles": {"s": round(sum(dynamo), 3), "calls": len(dynamo)}}  # fmt: skip
+
+
+@contextlib.contextmanager
+def gathered():
+    """generate's processors of a group holding every row run as for several groups: the rows' scores gathered,
+    processed and scattered back (the ablation of `Processing`'s whole-group calls)."""
+    saved = processing._whole
+    processing._whole = lambda rows: None
+    try:
+        yield
+    finally:
+        processing._whole = saved
+
+
 def timed_call(model, prompts, targets, **options) -> dict:
     processor = ForcedLength(len(prompts[0]), 2)
     torch.cuda.synchronize()
-    with ForwardTimer() as timer, HostTimer() as host:
+    with ForwardTimer() as timer, HostTimer() as host, CompileTimer() as builds:
         start = time.perf_counter()
         out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=max(targets), eos_token_id=2,
                                           logits_processor=[processor], progress=False, **options)  # fmt: skip
@@ -130,7 +181,7 @@ def timed_call(model, prompts, targets, **options) -> dict:
     rounds = len(timer.events)
     return {"wall_s": round(wall, 3), "forward_gpu_s": round(gpu, 3), "rounds": rounds,
             "wall_ms_per_round": round(1e3 * wall / rounds, 2), "gpu_ms_per_round": round(1e3 * gpu / rounds, 2),
-            "tokens_per_s": round(sum(targets) / wall), **host.report()}  # fmt: skip
+            "tokens_per_s": round(sum(targets) / wall), **host.report(), **builds.report()}  # fmt: skip
 
 
 def profiled_rounds(model, prompts, targets, rounds: int, skip: int, **options) -> dict:
@@ -171,7 +222,11 @@ def main(argv=None) -> None:
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--max-memory", default="24GB", help="the row's budget; \"gpu\": the GPU's free memory")
     parser.add_argument("--profile-rounds", type=int, default=100)
-    parser.add_argument("--modes", default="refill,waves")
+    parser.add_argument(
+        "--modes",
+        default="refill,waves",
+        help="refill, waves, refill-gathered (refill, each cohort's processors on gathered rows)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help='timed runs of each mode (the later as "refill again")')
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", default="", help="suffix of the output file's name")
@@ -186,10 +241,11 @@ def main(argv=None) -> None:
     timed_call(model, prompts[:64], targets[:64], **common)  # warm-up
     report = {"model": args.model, "docs": args.docs, "questions": args.questions, "max_memory": args.max_memory}
     for mode in args.modes.split(","):
-        options = dict(common, refill=mode == "refill")
+        options = dict(common, refill=mode != "waves")
         for again in range(args.repeat):  # later runs: kernels compiled, steps captured
             label = mode + " again" * again
-            report[label] = timed_call(model, prompts, targets, **options)
+            with gathered() if mode == "refill-gathered" else contextlib.nullcontext():
+                report[label] = timed_call(model, prompts, targets, **options)
             print(label, json.dumps(report[label]), flush=True)
         if args.profile_rounds:
             report[mode].update(profiled_rounds(model, prompts, targets, args.profile_rounds, 200, **options))
