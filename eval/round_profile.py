@@ -120,38 +120,36 @@ class HostTimer(Patched):
         return {f"host_{part}": {"s": round(self.seconds[part], 3), "calls": self.calls[part]} for part in self.PARTS}
 
 
-class CompileTimer(Patched):
+class CompileTimer(HostTimer):
     """Wall time and count of Triton's kernel builds in this process (`JITFunction._do_compile`: a build from
-    source or a load from Triton's disk cache) and of dynamo's compilations (its own `compilation_time_metrics`,
-    whose entries nest, so only the outermost, `_compile.compile_inner`, is summed)."""
+    source or a load from Triton's disk cache), by kernel, and of dynamo's compilations (its own
+    `compilation_time_metrics`, whose entries nest, so only the outermost, `_compile.compile_inner`, is summed)."""
 
     PARTS = {"triton_build": (triton.runtime.jit.JITFunction, "_do_compile")}
     if not hasattr(triton.runtime.jit.JITFunction, "_do_compile"):  # Triton before 3.3: builds not itemized
         PARTS = {}
 
     def __init__(self):
-        self.seconds, self.calls, self.kernels = 0.0, 0, {}
+        super().__init__()
+        self.kernels: dict[str, int] = {}
 
     def __enter__(self):
-        self.dynamo = list(torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", []))
+        self.dynamo = len(torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", []))
         return super().__enter__()
 
     def _wrap(self, part, original):
-        def timed(obj, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original(obj, *args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-                self.calls += 1
-                self.kernels[obj.__name__] = self.kernels.get(obj.__name__, 0) + 1
+        timed = super()._wrap(part, original)
 
-        return timed
+        def named(obj, *args, **kwargs):
+            self.kernels[obj.__name__] = self.kernels.get(obj.__name__, 0) + 1
+            return timed(obj, *args, **kwargs)
+
+        return named
 
     def report(self) -> dict:
-        after = torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", [])
-        dynamo = after[len(self.dynamo) :]
-        return {"triton_builds": {"s": round(self.seconds, 3), "calls": self.calls, "kernels": self.kernels},
+        dynamo = torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", [])[self.dynamo :]
+        builds = {"s": round(self.seconds.get("triton_build", 0.0), 3), "calls": self.calls.get("triton_build", 0)}
+        return {"triton_builds": {**builds, "kernels": self.kernels},
                 "dynamo_compiles": {"s": round(sum(dynamo), 3), "calls": len(dynamo)}}  # fmt: skip
 
 
