@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import torch
 
@@ -125,3 +126,47 @@ def test_admission_replay_counts_every_streams_own_reads_and_the_resident_docume
         assert figures["document_slots_read"] % doc == 0
     bound = replay.bound(got[True], weights_gb=1.0, slot_bytes=10**6, bandwidth=1e12)
     assert bound["own_s"] == round(own * 1e-6, 1) and bound["weights_s"] == round(got[True]["rounds"] * 1e-3, 1)
+
+
+def test_wide_own_launch_widens_only_inside_its_context():
+    """bench's `pp_own_launch_wide` ablation: the own plan's launch has 2 KV splits and 8 warps in 16-bit while the
+    context holds, `default_config`'s before and after."""
+    from hf_parallel.attention import triton as backend
+
+    query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
+    own = SimpleNamespace(num_tiles=4, block_m=16)
+    base = backend.default_config(query, key, own)
+    with bench.wide_own_launch():
+        wide = backend.own_launch_config(query, key, own)
+        kept = backend.own_launch_config(query.float(), key.float(), own)
+    assert (wide.num_splits, wide.num_warps, wide.block_n) == (max(2, base.num_splits), 8, base.block_n)
+    assert kept == backend.default_config(query.float(), key.float(), own)
+    assert backend.own_launch_config(query, key, own) == base
+
+
+def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):
+    """round_profile's `refill-gathered` ablation: prompts of one length under the benchmark's forcing processor
+    run it on gathered rows (and outside the context on the rows' own scores), with the same tokens."""
+    from hf_parallel import generate_tokens, processing
+
+    round_profile = eval_module("round_profile")
+    corpus = eval_module("corpus_bench")
+    monkeypatch.setattr(corpus, "LENGTH_BASE", VOCAB - 16)  # a length-coding token inside the tiny vocabulary
+    model = tiny_model("llama")
+    prompts = [DOC + [10 * i + 11, 10 * i + 12, corpus.LENGTH_BASE + n] for i, n in enumerate((2, 5, 3, 6))]
+    seen = []
+    group_ids = processing.Processing._group_ids
+    monkeypatch.setattr(processing.Processing, "_group_ids",
+                        lambda self, g, rows: seen.append(rows is None) or group_ids(self, g, rows))  # fmt: skip
+
+    def run():
+        seen.clear()
+        out = generate_tokens(model, prompts, max_new_tokens=8, eos_token_id=2, do_sample=False,
+                              logits_processor=[corpus.ForcedLength(len(prompts[0]), 2)])  # fmt: skip
+        return out, set(seen)
+
+    whole, ways = run()
+    with round_profile.gathered():
+        gathered, gathered_ways = run()
+    assert ways == {True} and gathered_ways == {False}
+    assert gathered == whole and [len(a) for a in whole] == [2, 5, 3, 6]
