@@ -231,7 +231,7 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 
 def own_launch_config(query: torch.Tensor, key: torch.Tensor, own: TilePlan) -> KernelConfig:
     """The own plan's launch (`TritonBackend(own_tiles=...)`): `default_config`'s.  Wider launches (2 KV splits,
-    8 warps) were up to 7% faster in eval/gpu_kernel_check.py's `--own` sweep but 3-5% slower end to end
+    8 warps) were up to 6% faster in eval/gpu_kernel_check.py's `--own` sweep but 3-6% slower end to end
     (eval/bench.py's `pp_own_launch_wide`, docs/benchmarks.md)."""
     return default_config(query, key, own)
 
