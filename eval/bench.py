@@ -78,22 +78,6 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=8192),
 }  # fmt: skip
-METHODS = {  # generate_tokens options, and whether the layout is the paper's interleaved one (an ablation)
-    "pp_triton": (dict(attn="triton"), False),
-    "pp_unfused": (dict(attn="triton", compile=False), False),
-    "pp_norms_only": (dict(attn="triton", fuse_rotary=False), False),
-    "pp_reference": (dict(attn="reference"), False),
-    "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1, own_tiles=None)), False),
-    "pp_own_off": (dict(attn=TritonBackend(own_tiles=None)), False),
-    "pp_own_serial": (dict(attn=TritonBackend(own_tiles="serial")), False),
-    "pp_own_overlap": (dict(attn=TritonBackend(own_tiles="overlap")), False),
-    "pp_spt16": (dict(attn=TritonBackend(streams_per_tile=16, own_tiles=None)), False),
-    "pp_spt32": (dict(attn=TritonBackend(streams_per_tile=32, own_tiles=None)), False),
-    "pp_interleaved": (dict(attn="triton"), True),
-    "pp_triton_compiled": (dict(attn="triton", compile=True), False),
-    "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
-    "pp_own_launch_wide": (dict(attn="triton"), False),  # run under `wide_own_launch()` (run_pp)
-}
 
 
 @contextlib.contextmanager
@@ -113,6 +97,25 @@ def wide_own_launch():
         yield
     finally:
         triton_backend.own_launch_config = saved
+
+
+METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
+    # context each run goes through (default: none)
+    "pp_triton": (dict(attn="triton"), False),
+    "pp_unfused": (dict(attn="triton", compile=False), False),
+    "pp_norms_only": (dict(attn="triton", fuse_rotary=False), False),
+    "pp_reference": (dict(attn="reference"), False),
+    "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1, own_tiles=None)), False),
+    "pp_own_off": (dict(attn=TritonBackend(own_tiles=None)), False),
+    "pp_own_serial": (dict(attn=TritonBackend(own_tiles="serial")), False),
+    "pp_own_overlap": (dict(attn=TritonBackend(own_tiles="overlap")), False),
+    "pp_spt16": (dict(attn=TritonBackend(streams_per_tile=16, own_tiles=None)), False),
+    "pp_spt32": (dict(attn=TritonBackend(streams_per_tile=32, own_tiles=None)), False),
+    "pp_interleaved": (dict(attn="triton"), True),
+    "pp_triton_compiled": (dict(attn="triton", compile=True), False),
+    "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
+    "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
+}
 
 
 @dataclass
@@ -184,10 +187,9 @@ def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bo
 SESSIONS: dict = {}  # model -> its Session: one row kept between a method's runs, released by free_memory
 
 
-def run_pp(model, prompts, work: Workload, method: tuple[dict, bool], repeats: int = 2) -> dict:
-    options, interleaved = method
+def run_pp(model, prompts, work: Workload, method: tuple, repeats: int = 2) -> dict:
+    options, interleaved, context = (*method, contextlib.nullcontext)[:3]
     session = SESSIONS.setdefault(id(model), Session(model))
-    context = wide_own_launch if method is METHODS["pp_own_launch_wide"] else contextlib.nullcontext
 
     def run(n):
         with context():
