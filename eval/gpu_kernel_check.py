@@ -47,6 +47,7 @@ from hf_parallel.attention.triton import (  # noqa: E402
     KernelConfig,
     TritonBackend,
     default_config,
+    own_launch_config,
     own_streams_per_tile,
     stream_attention,
 )
@@ -419,7 +420,7 @@ def own_sweep(out: Path, ceiling: float, deadline: float) -> list[dict]:
                 break
             own = build_tile_plan(layout, plan.q_slot, group, None, spt or own_streams_per_tile(group), "cuda",
                                   part="own")  # fmt: skip
-            cfg = KernelConfig(*config) if config else default_config(q, kv[0][0], own)
+            cfg = KernelConfig(*config) if config else own_launch_config(q, kv[0][0], own)
             fns = [functools.partial(stream_attention, q, k, v, plan, shared, out=out_t, own=own, overlap=True,
                                      own_config=cfg) for k, v in kv]  # fmt: skip
             try:

@@ -269,9 +269,11 @@ def stream_attention(
         # a chunk of one document alone: SDPA's output as the layer's ([1, N, H, D], flash attention's own layout)
         return causal_attention(query, key, value, runs[0], scale).unsqueeze(0).transpose(1, 2)
     cfg = config or default_config(query, key, tiles)
-    own_cfg = own_config or (own_launch_config(query, key, own) if own is not None else None)
-    if own_cfg is not None and config is not None and own_config is None:
-        own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
+    own_cfg = own_config
+    if own is not None and own_cfg is None:
+        own_cfg = own_launch_config(query, key, own)
+        if config is not None:  # the given KV tiles and stages for both plans
+            own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
     splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
