@@ -229,6 +229,9 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--tag", default="", help="suffix of the output file's name")
     args = parser.parse_args(argv)
+    unknown = set(args.modes.split(",")) - {"refill", "refill-gathered", "waves"}
+    if unknown:  # any other name would run as refill
+        parser.error(f"--modes takes refill, refill-gathered and waves; not {', '.join(sorted(unknown))}")
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(SHAPES[args.model](), dtype=torch.bfloat16).eval()
