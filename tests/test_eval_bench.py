@@ -44,6 +44,25 @@ def test_run_stock_tuned_reports():
     assert res["total_s"] >= res["prefill_s"] > 0 and res["warmup_s"] > 0 and not res["extrapolated"]
 
 
+def test_stock_tuned_per_chunk_times_two_chunks_and_counts_every_chunk(monkeypatch):
+    """7 questions in chunks of at most 2 rows: 4 chunks; warm-up twice at 4 tokens, then the first two chunks timed
+    in full, and the total counts 4 chunks at the faster's time (`full` times all 4)."""
+    model = tiny_model("llama")
+    work = bench.Workload("tiny", doc_tokens=len(DOC), questions=7, answer_tokens=3)
+    prompts = [DOC + QUESTIONS[i % len(QUESTIONS)] for i in range(work.questions)]
+    calls = []
+    real = bench.generate_chunk_static
+    monkeypatch.setattr(bench, "generate_chunk_static",
+                        lambda m, c, p, d, n, *a: calls.append((p[0], n)) or real(m, c, p, d, n, *a))  # fmt: skip
+    res = bench.run_stock_tuned(model, prompts, work, rows=2, mode="per_chunk")
+    assert calls == [(prompts[0], 4), (prompts[0], 4), (prompts[0], 3), (prompts[2], 3)]
+    assert res["chunks"] == 4 and res["per_chunk"] and len(res["measured_chunk_s"]) == 2
+    assert abs(res["total_s"] - res["prefill_s"] - 4 * min(res["measured_chunk_s"])) < 1e-9
+    calls.clear()
+    bench.run_stock_tuned(model, prompts, work, rows=2, mode="full")
+    assert [n for _, n in calls] == [4, 4, 3, 3, 3, 3]
+
+
 def test_stock_per_chunk_times_one_chunk_of_each_row_count(monkeypatch):
     """5 questions in chunks of 2: row counts 2 (twice) and 1 (once); one chunk of each count is run, in full."""
     model = tiny_model("llama")
