@@ -11,7 +11,9 @@ A part is fusable when it is a norm: no children, only 1-D parameters; or when i
 function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
 ten kernels a layer (a multiply, a negation, a concatenation, a multiply and an add, for q and for k), compiled
 one.  The function is swapped in its module for the block, so every layer's call goes through one compiled
-graph; a part named `fn:module.function`.  Dense MLPs were measured compiled too
+graph; a part named `fn:module.function`.  Where the `kernels` package is installed, transformers makes the function
+a module whose forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention
+module's copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs were measured compiled too
 (their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
 graph added about 5 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
 (`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
@@ -20,6 +22,7 @@ graph added about 5 s to the first call.  Inductor emulates eager's rounding aft
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import types
 import warnings
@@ -55,12 +58,23 @@ def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
             if child not in attention and _is_norm(child):
                 parts.append(f"{layer}.{child_name}")
     for cls in sorted({type(m) for m in attention}, key=lambda c: c.__module__):
-        forward = getattr(cls.forward, "__wrapped__", cls.forward)  # under transformers' kwarg decorators
+        forward = inspect.unwrap(cls.forward)  # under transformers' kwarg decorators and `kernels`' wrapper
         code = getattr(forward, "__code__", None)
         function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
-        if isinstance(function, types.FunctionType) and code is not None and ROTARY in code.co_names:
+        if _plain(function, attention) and code is not None and ROTARY in code.co_names:
             parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
     return list(dict.fromkeys(parts))  # once each, in order
+
+
+def _plain(function, attention: list[nn.Module]) -> bool:
+    """Whether `function` runs as written: a function, or `kernels`' module of one (what transformers' hub-kernel
+    decorator makes of it where `kernels` is installed) that `kernelize` gave no forward of its own."""
+    if isinstance(function, types.FunctionType):
+        return True
+    if not isinstance(function, nn.Module) or not hasattr(type(function), "kernel_layer_name"):
+        return False
+    copies = [function] + [c for m in attention for c in vars(m).get("_kernel_funcs", {}).values()]
+    return not any("forward" in vars(c) for c in copies)
 
 
 def _natural(name: str):
@@ -79,9 +93,12 @@ class _Fused:
     failed: set = set()  # classes and functions whose compilation failed in this process
     compiled: dict = {}
 
-    def __init__(self, module: nn.Module | None = None, function: types.FunctionType | None = None):
+    def __init__(self, module: nn.Module | None = None, function=None, name: str | None = None):
+        """A norm `module` (its class's forward compiled, once per class), or a `function` (compiled once; a
+        function or `kernels`' module of one) named `name`."""
         self.module = module
         self.key = type(module) if module is not None else function  # one compiled function per class
+        self.name = type(module).__name__ if module is not None else name or function.__name__
         self.eager = module.forward if module is not None else function
         if self.key not in _Fused.compiled:  # Dynamo caches on the code, guards on shapes
             code = self.key.forward if module is not None else function
@@ -98,7 +115,7 @@ class _Fused:
             except Exception as err:  # noqa: BLE001 - a real input error recurs below, eagerly
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                     raise
-                warnings.warn(f"torch.compile of {key.__name__} failed ({type(err).__name__}: {err}); "
+                warnings.warn(f"torch.compile of {self.name} failed ({type(err).__name__}: {err}); "
                               "running it as it is", stacklevel=2)  # fmt: skip
                 _Fused.failed.add(key)
         return self.eager(*args, **kwargs)
@@ -116,12 +133,12 @@ def fused(model: nn.Module, parts: list[str]):
             where, _, attr = name[len(FUNCTION) :].rpartition(".")
             owner = sys.modules[where]
             function = getattr(owner, attr)
-            if isinstance(function, types.FunctionType):  # not already swapped (a call within a call)
+            if not isinstance(function, _Fused):  # not already swapped (a call within a call)
                 functions.append((owner, attr, function))
     for module in modules:
         module.forward = _Fused(module)
     for owner, attr, function in functions:
-        setattr(owner, attr, _Fused(function=function))
+        setattr(owner, attr, _Fused(function=function, name=attr))
     try:
         with recompile_limit(RECOMPILE_LIMIT) if modules or functions else contextlib.nullcontext():
             yield
