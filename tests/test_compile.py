@@ -9,6 +9,8 @@ live counts it has (the token count is a dynamic dimension after the first recom
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 import torch._dynamo.utils
@@ -138,6 +140,25 @@ def test_layer_parts_match_generate_and_compile_once_for_every_layer():
     before = _compiled_graphs()
     generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
     assert _compiled_graphs() == before
+
+
+def test_a_rotary_function_given_a_hub_kernel_is_left_alone(monkeypatch):
+    """Where `kernels` is installed the rotary function is its module: fused while it runs as written, left alone
+    once `kernelize` gives it (or an attention module's copy) a forward of its own."""
+    rotary = modeling_llama.apply_rotary_pos_emb
+    if not isinstance(rotary, torch.nn.Module):
+        pytest.skip("kernels is not installed: the rotary function is a plain function (the other tests' case)")
+    config = transformers.LlamaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2)
+    fused_rotary = lambda model: [p for p in check_support(model).fusable if p.startswith("fn:")]  # noqa: E731
+    assert fused_rotary(transformers.AutoModelForCausalLM.from_config(config).eval()) != []
+    kernel = lambda module: types.MethodType(type(module).forward, module)  # noqa: E731
+    monkeypatch.setattr(rotary, "forward", kernel(rotary), raising=False)  # a forward of its own, as kernelize sets
+    assert fused_rotary(transformers.AutoModelForCausalLM.from_config(config).eval()) == []
+    monkeypatch.delattr(rotary, "forward")
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    (copy,) = model.model.layers[0].self_attn._kernel_funcs.values()  # the layer's own copy, for kernelize
+    monkeypatch.setattr(copy, "forward", kernel(copy), raising=False)
+    assert fused_rotary(model) == []
 
 
 def test_auto_fuses_only_where_steps_are_captured(llama):
