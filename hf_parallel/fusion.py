@@ -98,7 +98,7 @@ class _Fused:
         function or `kernels`' module of one) named `name`."""
         self.module = module
         self.key = type(module) if module is not None else function  # one compiled function per class
-        self.name = type(module).__name__ if module is not None else name or function.__name__
+        self.name = type(module).__name__ if module is not None else name
         self.eager = module.forward if module is not None else function
         if self.key not in _Fused.compiled:  # Dynamo caches on the code, guards on shapes
             code = self.key.forward if module is not None else function
