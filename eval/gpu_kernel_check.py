@@ -338,6 +338,12 @@ def _as_layer_output(attention, module, q, k, v, **kwargs) -> torch.Tensor:
     return attention(module, q, k, v, None, **kwargs)[0].reshape(1, q.shape[2], -1).contiguous()
 
 
+def keep(rows: list[dict], path: Path) -> None:
+    """A sweep's newest row printed, and every row so far written to `path` (a later failure loses none)."""
+    print("   ", rows[-1], flush=True)
+    path.write_text(json.dumps(rows, indent=1))
+
+
 def tile_sweep(out: Path, ceiling: float) -> list[dict]:
     """Streams per row tile against the own region's length: per layer µs of one decode step, every shape,
     64-256 streams, answers of 96-992 slots so far (own regions of 128-1024), 1-64 streams a tile."""
@@ -354,8 +360,7 @@ def tile_sweep(out: Path, ceiling: float) -> list[dict]:
                          "us": round(us, 1), "of_copy_bw": round(step_bytes / (us * 1e-6) / ceiling, 3),
                          "tiles": tiles.num_tiles, "block_m": tiles.block_m, "config": cfg.__dict__,
                          "max_abs_diff_vs_default": round((got - want).abs().max().item(), 4)})  # fmt: skip
-            print("   ", rows[-1], flush=True)
-            (out / "tiles.json").write_text(json.dumps(rows, indent=1))
+            keep(rows, out / "tiles.json")
         del kv
         torch.cuda.empty_cache()
     return rows
@@ -387,8 +392,7 @@ def question_prefill_sweep(out: Path) -> list[dict]:
                          "tiles": tiles.num_tiles, "config": used.__dict__, "us": round(us, 1),
                          "TFLOP/s": round(flops / us / 1e6, 1),
                          "max_abs_diff_vs_default": round((got - want).abs().max().item(), 4)})  # fmt: skip
-            print("   ", rows[-1], flush=True)
-            (out / "question-prefill.json").write_text(json.dumps(rows, indent=1))
+            keep(rows, out / "question-prefill.json")
         del kv
         torch.cuda.empty_cache()
     return rows
@@ -433,8 +437,7 @@ def own_sweep(out: Path, ceiling: float, deadline: float) -> list[dict]:
                          "default": config is None, "us": round(us, 1),
                          "of_copy_bw": round(step_bytes / (us * 1e-6) / ceiling, 3),
                          "max_abs_diff_vs_one_plan": round((got - want).abs().max().item(), 4)})  # fmt: skip
-            print("   ", rows[-1], flush=True)
-            (out / "own.json").write_text(json.dumps(rows, indent=1))
+            keep(rows, out / "own.json")
         del kv
         torch.cuda.empty_cache()
     return rows
