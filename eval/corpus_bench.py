@@ -110,17 +110,19 @@ def run(model, prompts, targets, session, answers: bool = False, **options) -> d
     return {**figures, "answers": out} if answers else figures
 
 
-def run_generate_batch(model, prompts, targets) -> dict:
+def run_generate_batch(model, prompts, targets, **batching) -> dict:
     """Transformers' continuous batching on the prompts, greedy, request i stopping after targets[i] tokens (no EOS):
-    the tokens hf_parallel decodes under `ForcedLength`.  Needs a manager whose `add_request` takes max_new_tokens."""
+    the tokens hf_parallel decodes under `ForcedLength`.  Needs a manager whose `add_request` takes max_new_tokens.
+    `batching`: ContinuousBatchingConfig fields, e.g. `num_blocks` and `max_batch_tokens` (left out, transformers
+    sizes the cache from the GPU's free memory, even for a model on the CPU)."""
     config = transformers.GenerationConfig(max_new_tokens=max(targets), do_sample=False, eos_token_id=None,
                                            pad_token_id=0)  # fmt: skip
     if not hasattr(transformers, "ContinuousBatchingConfig"):
         raise RuntimeError(f"transformers {transformers.__version__} has no ContinuousBatchingConfig (5.24 has)")
-    batching = transformers.ContinuousBatchingConfig(allow_block_sharing=True)
+    cb_config = transformers.ContinuousBatchingConfig(allow_block_sharing=True, **batching)
 
     def generate():
-        with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=batching,
+        with model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb_config,
                                                        block=True, timeout=5) as manager:  # fmt: skip
             if "max_new_tokens" not in inspect.signature(manager.add_request).parameters:
                 raise RuntimeError(f"transformers {transformers.__version__}: add_request takes no max_new_tokens")

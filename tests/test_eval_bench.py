@@ -122,7 +122,7 @@ def test_corpus_generate_batch_stops_each_request_at_its_length_with_generates_t
     model = tiny_model("llama")
     prompts = [DOC + q for q in QUESTIONS]
     targets = [3, 7, 1, 5]
-    got = corpus.run_generate_batch(model, prompts, targets)
+    got = corpus.run_generate_batch(model, prompts, targets, num_blocks=8, max_batch_tokens=256)  # a CPU-sized cache
     want = [model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
                            pad_token_id=0)[0, len(p):].tolist() for p, n in zip(prompts, targets)]  # fmt: skip
     assert got["answers"] == want and got["tokens"] == sum(targets)
