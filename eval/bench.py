@@ -596,11 +596,10 @@ def main(argv: list[str] | None = None) -> None:
                     continue
                 free_memory(model)
                 try:
+                    rows = stock_rows(model.config, work, args.stock_rows)  # the stock methods' chunk
                     if method in ("stock", "stock_full"):
-                        rows = stock_rows(model.config, work, args.stock_rows)
                         res = run_stock(model, prompts, work, rows, "full" if method == "stock_full" else args.stock)
                     elif method == "stock_tuned":
-                        rows = stock_rows(model.config, work, args.stock_rows)
                         res = run_stock_tuned(model, prompts, work, rows, mode=args.stock_tuned)
                     elif method == "generate_batch":
                         res = run_generate_batch(model, prompts, work, args.generate_batch)
