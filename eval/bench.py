@@ -63,7 +63,7 @@ from hf_parallel.attention.triton import TritonBackend
 from hf_parallel.fusion import FUNCTION
 from hf_parallel.layout import build_layout
 from hf_parallel.runner import Runner
-from hf_parallel.support import check_support
+from hf_parallel.support import cache_keyword, check_support
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -341,8 +341,8 @@ def stock_rows(config, work: Workload, most: int, budget_bytes: float = 64e9) ->
 def prefill_document(model, doc: list[int], device):
     cache = transformers.DynamicCache(config=model.config)
     with torch.inference_mode():
-        model(input_ids=torch.tensor([doc], device=device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)  # fmt: skip
+        model(input_ids=torch.tensor([doc], device=device), use_cache=True, logits_to_keep=1,
+              **{cache_keyword(model): cache})  # fmt: skip
     return cache
 
 
@@ -361,8 +361,8 @@ def generate_chunk(model, doc_cache, prompts, doc_len: int, new_tokens: int):
     device = model.device
     with torch.inference_mode():
         return model.generate(torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
-                              past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False, pad_token_id=0, eos_token_id=None)  # fmt: skip
+                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, **{cache_keyword(model): cache})  # fmt: skip
 
 
 def generate_chunk_static(model, doc_cache, prompts, doc_len: int, new_tokens: int, cache=None, rows=None,
@@ -389,8 +389,8 @@ def generate_chunk_static(model, doc_cache, prompts, doc_len: int, new_tokens: i
     device = model.device
     with torch.inference_mode():
         out = model.generate(torch.tensor(ids, device=device), attention_mask=torch.tensor(mask, device=device),
-                             past_key_values=cache, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             do_sample=False, pad_token_id=0, eos_token_id=None, **options)  # fmt: skip
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                             eos_token_id=None, **{cache_keyword(model): cache}, **options)  # fmt: skip
     return out[:real]
 
 

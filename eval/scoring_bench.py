@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import inspect
 import json
 import random
 import time
@@ -44,6 +43,7 @@ from hf_parallel.judging import ChoiceQuestion, ScoreQuestion, answer_spellings,
 from hf_parallel.layout import build_layout
 from hf_parallel.prompting import render_prompts
 from hf_parallel.scoring import score_tree, target_rows, tree_sequences
+from hf_parallel.support import cache_keyword
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
@@ -221,7 +221,7 @@ def _distinct_inputs(prompt, cands) -> dict[tuple[int, ...], list[int]]:
 
 def _forward(model, ids, keep, cache: DynamicCache | None = None) -> torch.Tensor:
     """Plain forward of `ids` (after `cache`, extended in place); float logits [K, V] of the kept rows."""
-    kwargs = {} if cache is None else {_cache_arg(model): cache, "use_cache": True}
+    kwargs = {} if cache is None else {cache_keyword(model): cache, "use_cache": True}
     if isinstance(keep, torch.Tensor):
         keep = keep.to(model.device)
     out = model(input_ids=torch.tensor([list(ids)], device=model.device), logits_to_keep=keep, **kwargs)
@@ -233,10 +233,6 @@ def _logprobs(logits: torch.Tensor, cont: list[int]) -> torch.Tensor:
     logits = logits[-len(cont) :]
     picked = logits[torch.arange(len(cont), device=logits.device), torch.tensor(cont, device=logits.device)]
     return (picked - torch.logsumexp(logits, -1)).cpu()
-
-
-def _cache_arg(model) -> str:  # transformers 5.24 renamed past_key_values= to cache=
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _crop(cache: DynamicCache, length: int) -> None:

@@ -11,7 +11,6 @@ The loop asks its attention backend for each forward's plan and knows nothing el
 from __future__ import annotations
 
 import functools
-import inspect
 import warnings
 
 import torch
@@ -28,7 +27,7 @@ from .processing import Processing
 from .recurrent import SegmentRuns
 from .sampling import Sampler
 from .session import Session
-from .support import Support, check_support, use_model
+from .support import Support, cache_keyword, check_support, use_model
 
 
 class Runner:
@@ -61,7 +60,7 @@ class Runner:
             self.cache = support.cache(layout.num_slots)
             capacity = layout.num_slots
         self.row = Row(layout, ids, capacity, query_group(model.config))
-        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.cache_arg = cache_keyword(model)
         self.compile_failed = False
         # compile="auto": the layers' small operations fused where decode steps are captured (a CUDA graph replays
         # the fused kernels; elsewhere eager steps would pay the compiled regions' guards on the host)

@@ -106,6 +106,12 @@ def check_placement(model: PreTrainedModel) -> None:
         raise refuse(model, "recurrent-placement")
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword the model's forward and generate take a KV cache by: `cache` from transformers 5.24, which
+    deprecated `past_key_values` (its removal announced for 5.40 in forward, 6.0 in generate)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def refuse(model: nn.Module, reason: str, detail: str = "") -> NotImplementedError:
     return NotImplementedError(f"{type(model).__name__} {REASONS[reason]}{detail}")
 
