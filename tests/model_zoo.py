@@ -139,9 +139,11 @@ def causal_lm_types() -> tuple[list[CausalLM], list[str]]:
 def _is_encoder_decoder(config_class: type) -> bool:
     try:
         return bool(config_class().is_encoder_decoder)
-    except Exception:  # noqa: BLE001 - a default config that does not validate: the field's declared default
+    except Exception:  # noqa: BLE001 - a default config that does not validate: the field's declared default, or
+        # an encoder and a decoder among its sub-configs (5.17's MusicgenConfig needs them given to validate)
         field = getattr(config_class, "__dataclass_fields__", {}).get("is_encoder_decoder")
-        return bool(field is not None and field.default)
+        subs = getattr(config_class, "sub_configs", {}) or {}
+        return bool(field is not None and field.default) or ("decoder" in subs and any("encoder" in k for k in subs))
 
 
 def tiny_config(lm: CausalLM):
@@ -161,9 +163,13 @@ def _default_dict(lm: CausalLM) -> dict:
         return {}
 
 
+# keys no shrunk config is built with (5.17's Dbrx sub-configs refuse `output_attentions`, which to_dict writes)
+DROPPED = ("transformers_version", "architectures", "_name_or_path", "dtype", "output_attentions")
+
+
 def shrink(d: dict, config_class: type) -> dict:
     """A tiny version of a config dict: sizes by field name, layers cut to one of each kind, sub-configs alike."""
-    out = {k: v for k, v in d.items() if k not in ("transformers_version", "architectures", "_name_or_path", "dtype")}
+    out = {k: v for k, v in d.items() if k not in DROPPED}
     subs = getattr(config_class, "sub_configs", {}) or {}
     for key, value in out.items():
         if isinstance(value, dict) and key in subs:
