@@ -90,6 +90,9 @@ OVERRIDES: dict[str, dict] = {
     "dory": dict(num_hidden_layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                  n_input_layers=1, n_recurrent_layers=1, n_output_layers=1),
     "hrm_text": dict(num_layers_per_stack=1, H_cycles=2, L_cycles=1, L_bp_cycles=[1], num_hidden_layers=4),
+    "kolibri1_1": dict(num_hidden_layers=3, layer_types=["sliding_attention"] + ["indexed_attention"] * 2,
+                       index_layers=[1], kv_source_layers=[0, 1, 1], head_dim=16, index_num_heads=1,
+                       index_pool_size=16, index_compression=4, index_topk=8),  # the last layer reads the indexer's K/V
     "recurrent_gemma": dict(num_hidden_layers=3),  # block_types is a pattern of three: two recurrent, one attention
     "zamba": dict(num_hidden_layers=4, attn_layer_period=2, attn_layer_offset=1, attention_hidden_size=128,
                   attention_head_dim=32, layers_block_type=["linear_attention", "hybrid"] * 2),  # two share a block
