@@ -14,6 +14,7 @@ Answer questions about documents with parallel prompting.
 
   one document:  hf-parallel answer --document DOC.txt --questions QUESTIONS.txt
                  (one question a line, blank lines skipped); prints each question and its answer.
+                 Either file may be - for standard input.
   a corpus:      hf-parallel answer --corpus IN.jsonl --out OUT.jsonl
                  IN: one {"id": ..., "document": ..., "questions": [...]} object a line ("id" optional).
                  OUT: one {"line", "id", "questions", "answers"} object per document, in input order,
@@ -53,8 +54,12 @@ class AnswerConfig:
         single, corpus = (self.document, self.questions), (self.corpus, self.out)
         if any(single) == any(corpus):
             raise ValueError("give either --document and --questions, or --corpus and --out")
-        if not all(single if any(single) else corpus):
-            raise ValueError("--document needs --questions" if any(single) else "--corpus needs --out")
+        flags, values = (("--document", "--questions"), single) if any(single) else (("--corpus", "--out"), corpus)
+        if not all(values):  # one of a pair: name the other
+            given, missing = flags if values[0] else flags[::-1]
+            raise ValueError(f"{given} needs {missing}")
+        if self.document == self.questions == "-":
+            raise ValueError("only one of --document and --questions can be - (standard input)")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -94,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _answer_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per `AnswerConfig` field."""
-    parser.add_argument("--document", help="text file: the document")
-    parser.add_argument("--questions", help="text file: one question a line (blank lines skipped)")
+    parser.add_argument("--document", help="text file: the document (- for standard input)")
+    parser.add_argument("--questions", help="text file: one question a line (- for standard input)")
     parser.add_argument("--corpus", help="JSON-lines file: one document with its questions a line")
     parser.add_argument("--out", help="JSON-lines file the corpus's answers are appended to (and resumed from)")
     parser.add_argument("--model", help="local path or hub id (default: the embedded SmolLM2-135M-Instruct)")
@@ -141,9 +146,9 @@ def _answer_document(parser: argparse.ArgumentParser, config: AnswerConfig) -> N
     document = _read(parser, config.document, "document").strip()
     questions = [line.strip() for line in _read(parser, config.questions, "questions").splitlines() if line.strip()]
     if not document:
-        parser.error(f"the document file {config.document} is empty")
+        parser.error(f"{_source('document', config.document)} is empty")
     if not questions:
-        parser.error(f"the questions file {config.questions} has no questions (one a line; blank lines are skipped)")
+        parser.error(f"{_source('questions', config.questions)} has no questions (one a line; blank lines are skipped)")
     model, tokenizer = _load(parser, config)
     try:
         answers = generate_parallel(model, tokenizer, document, questions, config.template, None,
@@ -272,10 +277,16 @@ def _answer_line(record: dict, answers: list) -> dict:
 
 def _read(parser: argparse.ArgumentParser, path: str, what: str) -> str:
     try:
+        if path == "-":
+            return sys.stdin.read()
         with open(path, encoding="utf-8") as f:
             return f.read()
     except (OSError, UnicodeDecodeError) as error:
-        parser.error(f"cannot read the {what} file {path}: {error}")
+        parser.error(f"cannot read {_source(what, path)}: {error}")
+
+
+def _source(what: str, path: str) -> str:
+    return f"the {what} from standard input" if path == "-" else f"the {what} file {path}"
 
 
 def _load(parser: argparse.ArgumentParser, config: AnswerConfig):

@@ -3,6 +3,7 @@ appended to and resumed from; every wrong input a usage error (exit status 2), n
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -118,6 +119,27 @@ def test_bad_lines_are_reported_and_skipped_and_the_others_answered(monkeypatch,
     assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 5]
 
 
+@pytest.mark.parametrize("piped", ["document", "questions"])
+def test_either_file_may_be_standard_input(monkeypatch, capsys, tmp_path, piped):
+    model_and_tokenizer = (tiny_model("llama"), char_tokenizer())
+    load_as_smollm2(monkeypatch, model_and_tokenizer)
+    document, questions = CORPUS[0]["document"], CORPUS[0]["questions"]
+    paths = {}
+    for what, text in {"document": document, "questions": "\n".join(questions)}.items():
+        if what == piped:
+            monkeypatch.setattr("sys.stdin", io.StringIO(text))
+            paths[what] = "-"
+        else:
+            paths[what] = str(tmp_path / f"{what}.txt")
+            Path(paths[what]).write_text(text)
+    cli.main(["answer", "--document", paths["document"], "--questions", paths["questions"], "--max-new-tokens", "3"])
+    answers = generate_parallel(*model_and_tokenizer, document, questions, max_new_tokens=3)
+    assert capsys.readouterr().out == "".join(f"Q: {q}\nA: {a}\n\n" for q, a in zip(questions, answers))
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n \n"))
+    err = usage_error(capsys, ["answer", "--document", paths["document"], "--questions", paths["questions"]])
+    assert f"hf-parallel answer: error: the {piped} from standard input " in err
+
+
 @pytest.mark.parametrize("mode", ["document", "corpus"])
 def test_a_system_prompt_without_a_chat_template(monkeypatch, capsys, tmp_path, mode):
     load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer(chat=False)))
@@ -158,7 +180,10 @@ def _files(tmp_path: Path) -> dict:
     ("--document doc.txt --questions q.txt --device tpu", "device must be cpu or cuda[:N], got 'tpu'"),
     ("--document doc.txt --questions q.txt --template {document}", "template '{document}' has no {question} field"),
     ("--document doc.txt", "--document needs --questions"),
+    ("--questions q.txt", "--questions needs --document"),
     ("--corpus in.jsonl", "--corpus needs --out"),
+    ("--out o.jsonl", "--out needs --corpus"),
+    ("--document - --questions -", "only one of --document and --questions can be - (standard input)"),
     ("--document doc.txt --questions q.txt --corpus in.jsonl --out o.jsonl", "give either --document and"),
     ("", "give either --document and --questions, or --corpus and --out"),
     ("--corpus missing.jsonl --out o.jsonl", "cannot read the corpus {missing.jsonl}: [Errno 2]"),
