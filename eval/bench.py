@@ -50,7 +50,7 @@ import inspect
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -100,6 +100,22 @@ def wide_own_launch():
         triton_backend.own_launch_config = saved
 
 
+@contextlib.contextmanager
+def every_block_masked():
+    """The kernel masking every KV block, the ones every row sees whole too: the ablation of
+    `KernelConfig.whole_blocks`."""
+    saved = triton_backend.default_config
+
+    def masked(query, key, tiles):
+        return replace(saved(query, key, tiles), whole_blocks=False)
+
+    triton_backend.default_config = masked
+    try:
+        yield
+    finally:
+        triton_backend.default_config = saved
+
+
 METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
     # context each run goes through (default: none)
     "pp_triton": (dict(attn="triton"), False),
@@ -116,6 +132,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
     "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
+    "pp_every_block_masked": (dict(attn="triton"), False, every_block_masked),
 }
 
 
@@ -480,8 +497,8 @@ def plot(results: list[dict], path: Path) -> None:
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
-                           "pp_own_launch_wide", "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled",
-                           "roofline"]
+                           "pp_own_launch_wide", "pp_every_block_masked", "pp_unfused", "pp_norms_only", "pp_triton",
+                           "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

@@ -12,6 +12,7 @@
      triton       the kernel, default tile plan and launch config
      triton_interleaved  the paper's layout (CodeLlama P=64 only)
      triton_p1    the kernel with one stream per row tile (every stream reads the document)
+     triton_every_block_masked  the ablation of the unmasked blocks (`KernelConfig(whole_blocks=False)`)
      sweep        the kernel over SWEEP's (block_m, block_n, warps, stages) x splits (all in results.json)
    Bytes counted as the minimum a step must move: the document's KV once, each stream's
    own KV, q and o; bandwidth is against the copy bandwidth measured in the same run.
@@ -25,6 +26,7 @@ Results: results.json and summary.md under --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -171,6 +173,10 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
         err = (fns[0]().float() - want.float()).abs().max().item()
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
                         config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
+    tiles, cfg, fns = triton_run(layout, plan, q, kv)  # the ablation: every KV block masked
+    _, _, fns = triton_run(layout, plan, q, kv, config=dataclasses.replace(cfg, whole_blocks=False))
+    err = (fns[0]().float() - want.float()).abs().max().item()
+    rows.append(row("triton_every_block_masked", measure(fns), step_bytes, ceiling, err))
     group = q.shape[1] // kv[0][0].shape[1]
     shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared")
     own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own")

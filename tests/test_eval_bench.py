@@ -163,6 +163,21 @@ def test_wide_own_launch_widens_only_inside_its_context():
     assert backend.own_launch_config(query, key, own) == base
 
 
+def test_every_block_masked_holds_only_inside_its_context():
+    """bench's `pp_every_block_masked` ablation: every launch config, the own plan's too, masks every KV block while
+    the context holds, and none after."""
+    from hf_parallel.attention import triton as backend
+
+    query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
+    tiles = SimpleNamespace(num_tiles=4, block_m=16)
+    base = backend.default_config(query, key, tiles)
+    assert base.whole_blocks
+    with bench.every_block_masked():
+        assert not backend.default_config(query, key, tiles).whole_blocks
+        assert not backend.own_launch_config(query, key, tiles).whole_blocks
+    assert backend.default_config(query, key, tiles) == base
+
+
 def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):
     """round_profile's `refill-gathered` ablation: prompts of one length under the benchmark's forcing processor
     run it on gathered rows (and outside the context on the rows' own scores), with the same tokens."""

@@ -98,7 +98,7 @@ def random_qkv(plan, heads, kv_heads, dim, dtype, seed, cache_order="hsd"):
 
 def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_len=None, tiles=None,
           streams_per_tile=None, num_splits=None, cache_order="hsd", own_split=False, overlap=False,
-          **attn):  # fmt: skip
+          whole_blocks=True, **attn):  # fmt: skip
     """Kernel output == reference_attention (fp32, same inputs) within the dtype's tolerance (own_split: the
     shared and own plans, their partial outputs merged)."""
     plan = make_plan(layout, q_slot, kv_len)
@@ -116,7 +116,8 @@ def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_
                                                 part=part)  # fmt: skip
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
     config = launcher.default_config(q, k, tiles)
-    config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps)
+    config = launcher.KernelConfig(BLOCK_N or config.block_n, num_splits or config.num_splits, config.num_warps,
+                                   whole_blocks=whole_blocks)  # fmt: skip
     launcher.stream_attention(q, k, v, plan, tiles, config=config, out=out, sinks=sinks, own=own, overlap=overlap,
                               **attn)  # fmt: skip
     atol, rtol = TOLERANCE[dtype]
@@ -136,6 +137,28 @@ def test_grid(n_streams, dtype, mode):
     q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=i)
     splits = [None, 1, 3][i % 3]
     check(layout, q_slot, HEADS[i % len(HEADS)], HEAD_DIMS[i % len(HEAD_DIMS)], dtype, seed=i, num_splits=splits)
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_unmasked_blocks_change_no_output(mode, splits):
+    """The blocks every row of a tile sees whole run unmasked; masking them too (`whole_blocks=False`, the ablation)
+    matches the reference as well, and gives the same output: the same products, summed in the same order (bit for
+    bit under the interpreter; on the GPU within the dtype's tolerance, the compiler may schedule the loops apart)."""
+    layout = doc_questions(17, seed=5)
+    q_slot = layout.prompt_slots()[0] if mode == "prefill" else decode_slots(layout, 4, seed=5)
+    plan = make_plan(layout, q_slot)
+    q, k, v = random_qkv(plan, 7, 1, 16, torch.bfloat16, seed=5)
+    tiles = tile_plans.build_tile_plan(layout, plan.q_slot, 7, device=DEVICE)
+    outs = []
+    for whole in (True, False):
+        check(layout, q_slot, (7, 1), 16, torch.bfloat16, seed=5, num_splits=splits, whole_blocks=whole)
+        config = launcher.KernelConfig(BLOCK_N or 64, splits, 4, whole_blocks=whole)
+        outs.append(launcher.stream_attention(q, k, v, plan, tiles, config=config))
+    if CUDA:
+        torch.testing.assert_close(outs[0], outs[1], atol=TOLERANCE[torch.bfloat16][0], rtol=0)
+    else:
+        assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("dim", HEAD_DIMS + ([256] if CUDA else []))

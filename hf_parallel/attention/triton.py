@@ -214,6 +214,7 @@ class KernelConfig:
     num_splits: int  # KV splits per row tile (flash-decoding); 1 = write the output directly
     num_warps: int = 4
     num_stages: int = 2
+    whole_blocks: bool = True  # the KV blocks every row of a tile sees whole run unmasked (False: the ablation)
 
 
 def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> KernelConfig:
@@ -273,7 +274,8 @@ def stream_attention(
     if own is not None and own_cfg is None:
         own_cfg = own_launch_config(query, key, own)
         if config is not None:  # the given KV tiles and stages for both plans
-            own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages)
+            own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages,
+                                   config.whole_blocks)  # fmt: skip
     splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
@@ -352,6 +354,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
         USE_SOFTCAP=softcap is not None, RANGES=min(128, max(16, triton.next_power_of_2(tiles.max_tile_ranges))),
         SPLIT=to_parts, PRECISION="ieee" if query.dtype == torch.float32 or interpreted else None,
         DOT_F32=interpreted and query.dtype == torch.bfloat16, USE_SINKS=sinks is not None,
+        WHOLE_BLOCKS=cfg.whole_blocks,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

@@ -13,6 +13,10 @@ k < limit and (k <= q_slot or k >= seg_stop[q_seg]) (and q_pos - slot_pos[k] < w
 interleaved layout's answer range is strided; there the stream-id rule is evaluated from
 the slot ids:  slot_seg[k] <= q_seg < seg_end[slot_seg[k]].
 
+A tile's first range usually holds a document that every row sees whole: its leading KV blocks
+that no row's rule masks run first, in a loop of their own with no mask to build or apply (the
+tutorial's unmasked stage); the general loop takes the rest.
+
 Online softmax as in Triton's 06-fused-attention tutorial (base-2 exponentials).  With
 several KV splits per tile (flash-decoding), each split writes its normalized partial
 output and log-sum-exp and `combine_splits` merges them.  Attention sinks (gpt-oss: one
@@ -57,33 +61,39 @@ def _attend_block(
     slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos, own_stop,
     scale, softcap, window, offs_d, d_ok,
     BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
-    DOT_F32: tl.constexpr,
+    DOT_F32: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
-    """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row."""
+    """Fold keys [start, min(start + BLOCK_N, stop)) into the running softmax of every row (not MASKED: a block
+    every row sees whole, below stop: no mask)."""
     # -- load one KV tile --
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < stop
-    k = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if MASKED:
+        k = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    else:
+        k = tl.load(K + offs_n[None, :] * stride_kn + offs_d[:, None], mask=d_ok[:, None], other=0.0)
+        v = tl.load(V + offs_n[:, None] * stride_vn + offs_d[None, :], mask=d_ok[None, :], other=0.0)
     if DOT_F32:  # triton-lang/triton#11584: the interpreter's tl.dot multiplies bf16 bit patterns
         k, v = k.to(tl.float32), v.to(tl.float32)
-    # -- visibility: a prefix of the range per row (from the plan), the own segment causal, sliding window --
-    causal = (offs_n[None, :] <= q_slot[:, None]) | (offs_n[None, :] >= own_stop[:, None])
-    visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
-    if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
-        k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
-        k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
-        visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
-    if USE_WINDOW:
-        k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
-        visible &= (q_pos[:, None] - k_pos[None, :]) < window
     # -- scores in log2 units --
     qk = tl.dot(q, k, input_precision=PRECISION)
     if USE_SOFTCAP:
         qk = _tanh(qk * (scale / softcap)) * (softcap * LOG2E)
     else:
         qk = qk * (scale * LOG2E)
-    qk = tl.where(visible, qk, float("-inf"))
+    if MASKED:
+        # -- visibility: a prefix of the range per row (from the plan), the own segment causal, sliding window --
+        causal = (offs_n[None, :] <= q_slot[:, None]) | (offs_n[None, :] >= own_stop[:, None])
+        visible = (offs_n[None, :] < limit[:, None]) & causal & n_ok[None, :]
+        if by_ids:  # strided (interleaved answers): the stream-id rule itself, from the slot ids
+            k_seg = tl.load(slot_seg_ptr + offs_n, mask=n_ok, other=-1)
+            k_end = tl.load(seg_end_ptr + tl.maximum(k_seg, 0), mask=n_ok, other=0)
+            visible &= (k_seg[None, :] <= q_seg[:, None]) & (q_seg[:, None] < k_end[None, :]) & (k_seg[None, :] >= 0)
+        if USE_WINDOW:
+            k_pos = tl.load(slot_pos_ptr + offs_n, mask=n_ok, other=0)
+            visible &= (q_pos[:, None] - k_pos[None, :]) < window
+        qk = tl.where(visible, qk, float("-inf"))
     # -- online softmax update (a row that has seen nothing yet keeps m_i = -inf) --
     m_ij = tl.maximum(m_i, tl.max(qk, 1))
     m_safe = tl.where(m_ij == float("-inf"), 0.0, m_ij)
@@ -104,7 +114,7 @@ def stream_attention_fwd(
     GROUP: tl.constexpr, QUERIES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
     RANGES: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr, DOT_F32: tl.constexpr,
-    USE_SINKS: tl.constexpr,
+    USE_SINKS: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     """Grid (row tiles, KV heads, KV splits).  Q [H, N, D], K/V [H_kv, kv_len, D] (strided), Out [N, H, D],
     Sinks [H] float32 (read only with USE_SINKS).  With SPLIT, split s writes partial output split_offset + s
@@ -140,6 +150,28 @@ def stream_attention_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     first_range = tl.load(range_ptr + tile)
     last_range = tl.load(range_ptr + tile + 1)
+    # -- the first range's leading blocks that every row sees whole, unmasked: flat blocks 0 .. whole - 1 --
+    whole = split * 0
+    if WHOLE_BLOCKS and not USE_WINDOW:
+        r_start, r_stop, r_by_ids, _, _ = _load_ranges(
+            first_range, last_range, ranges_ptr, q_slot_ptr, kv_len, BLOCK_N, RANGES
+        )
+        is_first = tl.arange(0, RANGES) == 0
+        start0 = tl.sum(tl.where(is_first, r_start, 0), 0)
+        stop0 = tl.sum(tl.where(is_first, r_stop, 0), 0)  # 0 for a tile with no range
+        plain = tl.sum(tl.where(is_first, r_by_ids, 0), 0) == 0
+        has_range = (member * 0 + first_range) < last_range  # per row: the interpreter takes no scalar in a mask
+        limit0 = tl.load(limits_ptr + first_range * QUERIES + member, mask=row_ok & has_range, other=0)
+        # a row sees the keys below its limit up to its own slot, and all of them where its own segment ends first
+        seen = tl.where(start0 >= own_stop, limit0, tl.minimum(limit0, q_slot + 1))
+        seen_by_all = tl.min(tl.where(row_ok, seen, stop0), 0)
+        whole = tl.where(plain, tl.maximum(tl.minimum(stop0, seen_by_all) - start0, 0) // BLOCK_N, 0)
+        for b in range(split, whole, num_splits):
+            acc, m_i, l_i = _attend_block(
+                acc, m_i, l_i, q, start0 + b * BLOCK_N, stop0, limit0, False, K, V, stride_kn, stride_vn,
+                slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos, own_stop,
+                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32, False,
+            )  # fmt: skip
     blocks_before = split * 0  # KV blocks of earlier chunks of ranges (a runtime int32 loop carry)
     for chunk in range(first_range, last_range, RANGES):
         r_start, r_stop, r_by_ids, r_first, r_blocks = _load_ranges(
@@ -147,8 +179,12 @@ def stream_attention_fwd(
         )
         r_idx = tl.arange(0, RANGES)
         total = tl.sum(r_blocks, 0)
+        # split s takes the flat blocks b = s (mod num_splits), past the whole ones in the first chunk
+        lowest = (split - blocks_before % num_splits + num_splits) % num_splits
+        skip = tl.where(chunk == first_range, whole, 0)
+        lowest += tl.cdiv(tl.maximum(skip - lowest, 0), num_splits) * num_splits
         # the flat block b lies in range r = (number of ranges ending at or before b): no loads on the way
-        for b in range((split - blocks_before % num_splits + num_splits) % num_splits, total, num_splits):
+        for b in range(lowest, total, num_splits):
             r = tl.sum((r_first + r_blocks <= b).to(tl.int32), 0)
             start = tl.sum(tl.where(r_idx == r, r_start + (b - r_first) * BLOCK_N, 0), 0)
             stop = tl.sum(tl.where(r_idx == r, r_stop, 0), 0)
@@ -157,7 +193,7 @@ def stream_attention_fwd(
             acc, m_i, l_i = _attend_block(
                 acc, m_i, l_i, q, start, stop, limit, by_ids != 0, K, V, stride_kn, stride_vn,
                 slot_seg_ptr, slot_pos_ptr, seg_end_ptr, q_slot, q_seg, q_pos, own_stop,
-                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32,
+                scale, softcap, window, offs_d, d_ok, BLOCK_N, USE_WINDOW, USE_SOFTCAP, PRECISION, DOT_F32, True,
             )  # fmt: skip
         blocks_before += total
     # -- epilogue: no real row sees nothing, but guard l_i == 0 (empty rows of a tile, empty splits) --
