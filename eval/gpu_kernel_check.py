@@ -20,6 +20,7 @@
    as a prefill forward runs it (the document's run through causal SDPA); and the whole 8k document as one
    chunk, the backend against Transformers' own `sdpa` attention, each shape (`--prefill`: only these).
 `--own`: only the own plan's streams per tile and launch configs, against long own regions (own.json).
+`--whole-blocks`: only the unmasked whole blocks against every block masked, decode and the questions' prefill.
 Results: results.json and summary.md under --out.
 """
 
@@ -372,6 +373,43 @@ def tile_sweep(out: Path, ceiling: float) -> list[dict]:
     return rows
 
 
+WHOLE_BLOCK_CASES = [  # (shape, streams, answer slots so far, the questions' prefill rather than a decode step)
+    ("codellama-7b", 64, 96, False), ("codellama-7b", 256, 96, False), ("qwen2.5-7b", 64, 96, False),
+    ("qwen2.5-7b", 256, 96, False), ("codellama-7b", 128, 992, False), ("qwen2.5-7b", 128, 992, False),
+    ("codellama-7b", 64, 96, True), ("qwen2.5-7b", 64, 96, True),
+]  # fmt: skip
+
+
+def whole_blocks_ab(out: Path, ceiling: float) -> list[dict]:
+    """The blocks every row sees whole run unmasked (the default) against every block masked
+    (`KernelConfig(whole_blocks=False)`): per layer µs, each the median of 3 measurements alternated with the other."""
+    rows = []
+    for shape, streams, answer, prefill in WHOLE_BLOCK_CASES:
+        layout, plan, q, kv, _ = decode_case(shape, streams, answer=answer, prefill=prefill)
+        tiles, cfg, _ = triton_run(layout, plan, q, kv[:1])
+        runs = {
+            True: triton_run(layout, plan, q, kv)[2],
+            False: triton_run(layout, plan, q, kv, config=dataclasses.replace(cfg, whole_blocks=False))[2],
+        }
+        diff = (runs[True][0]().float() - runs[False][0]().float()).abs().max().item()
+        times = {True: [], False: []}
+        for _ in range(3):
+            for whole, fns in runs.items():
+                times[whole].append(measure(fns))
+        unmasked, masked = statistics.median(times[True]), statistics.median(times[False])
+        rows.append({"shape": shape, "streams": streams, "own_slots": QUESTION + answer,
+                     "forward": "questions' prefill" if prefill else "decode step", "tiles": tiles.num_tiles,
+                     "config": cfg.__dict__, "unmasked_whole_blocks_us": round(unmasked, 2),
+                     "every_block_masked_us": round(masked, 2), "speedup": round(masked / unmasked, 3),
+                     "samples_us": {"unmasked_whole_blocks": [round(t, 2) for t in times[True]],
+                                    "every_block_masked": [round(t, 2) for t in times[False]]},
+                     "max_abs_diff": diff, "copy_GBps": round(ceiling / 1e9)})  # fmt: skip
+        keep(rows, out / "whole-blocks.json")
+        del kv, runs
+        torch.cuda.empty_cache()
+    return rows
+
+
 def question_prefill_sweep(out: Path) -> list[dict]:
     """The forward that prefills P questions of 6 tokens after an 8k document (the document's KV cached): per
     layer µs of the kernel's default tiles and launch against other tile sizes and KV splits."""
@@ -475,6 +513,11 @@ def main() -> None:
     parser.add_argument("--question-prefill", action="store_true",
                         help="only the questions' prefill sweep (question-prefill.json)")  # fmt: skip
     parser.add_argument("--own", action="store_true", help="only the own plan's sweep (own.json)")
+    parser.add_argument(
+        "--whole-blocks",
+        action="store_true",
+        help="only the unmasked whole blocks against every block masked (whole-blocks.json)",
+    )
     args = parser.parse_args()
     start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -483,6 +526,9 @@ def main() -> None:
         return
     if args.question_prefill:
         question_prefill_sweep(args.out)
+        return
+    if args.whole_blocks:
+        whole_blocks_ab(args.out, copy_bandwidth())
         return
     if args.own:
         own_sweep(args.out, copy_bandwidth(), start + args.budget)
