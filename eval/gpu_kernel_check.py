@@ -169,13 +169,14 @@ def bench_workload(shape, streams, ceiling, deadline, sweep: bool) -> list[dict]
     want = sdpa_run(plan, q, kv[:1])[0]()  # builds and caches the dense mask
     sdpa = sdpa_run(plan, q, kv)
     rows = [row("sdpa_dense", measure(sdpa), step_bytes, ceiling, do_bench_us=single_call_us(sdpa[0]))]
+    configs = {}
     for name, spt in (("triton", None), ("triton_p1", 1)):
-        tiles, cfg, fns = triton_run(layout, plan, q, kv, streams_per_tile=spt)
+        tiles, configs[name], fns = triton_run(layout, plan, q, kv, streams_per_tile=spt)
         err = (fns[0]().float() - want.float()).abs().max().item()
         rows.append(row(name, measure(fns), step_bytes, ceiling, err, tiles=tiles.num_tiles, block_m=tiles.block_m,
-                        config=cfg.__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
-    tiles, cfg, fns = triton_run(layout, plan, q, kv)  # the ablation: every KV block masked
-    _, _, fns = triton_run(layout, plan, q, kv, config=dataclasses.replace(cfg, whole_blocks=False))
+                        config=configs[name].__dict__, do_bench_us=single_call_us(fns[0])))  # fmt: skip
+    masked = dataclasses.replace(configs["triton"], whole_blocks=False)  # the ablation: every KV block masked
+    _, _, fns = triton_run(layout, plan, q, kv, config=masked)
     err = (fns[0]().float() - want.float()).abs().max().item()
     rows.append(row("triton_every_block_masked", measure(fns), step_bytes, ceiling, err))
     group = q.shape[1] // kv[0][0].shape[1]
@@ -386,9 +387,9 @@ def whole_blocks_ab(out: Path, ceiling: float) -> list[dict]:
     rows = []
     for shape, streams, answer, prefill in WHOLE_BLOCK_CASES:
         layout, plan, q, kv, _ = decode_case(shape, streams, answer=answer, prefill=prefill)
-        tiles, cfg, _ = triton_run(layout, plan, q, kv[:1])
+        tiles, cfg, unmasked = triton_run(layout, plan, q, kv)
         runs = {
-            True: triton_run(layout, plan, q, kv)[2],
+            True: unmasked,
             False: triton_run(layout, plan, q, kv, config=dataclasses.replace(cfg, whole_blocks=False))[2],
         }
         diff = (runs[True][0]().float() - runs[False][0]().float()).abs().max().item()
