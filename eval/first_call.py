@@ -11,6 +11,12 @@ caches, on by default), which a second run of the script finds.  In each process
 `hf_parallel.generate_tokens` on the same prompts (benchmark's workload: a War and Peace slice, forced answer
 tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of
 the others.  Prints and writes one JSON row per process.
+
+The first call imports Inductor, so it also pays Python's compilation of Inductor's modules to bytecode where no
+bytecode cache can be written (`PYTHONDONTWRITEBYTECODE=1`, as on some shared machines): each row says whether one
+is (`python_bytecode_cache`).  An installed package has its bytecode compiled at install time; to measure as a
+user's install runs, give Python a writable cache (`PYTHONPYCACHEPREFIX`) and fill it once with `python -m
+compileall` over the installed packages before the first run.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ def one_process(args) -> dict:
     return dict(model=args.model, doc=args.doc, questions=args.questions, answer_tokens=args.answer_tokens,
                 compile=compiled, call_s=[round(t, 3) for t in times], steady_s=round(steady, 3),
                 first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs,
-                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu")  # fmt: skip
+                device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                python_bytecode_cache=not sys.dont_write_bytecode)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
