@@ -33,18 +33,19 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eval.bench import SHAPES  # noqa: E402
 from eval.gpu_kernel_check import copy_bandwidth, measure  # noqa: E402
 
-SHAPES = {  # name: (hidden, intermediate, heads, KV heads, head dim, vocab)
-    "codellama-7b": (4096, 11008, 32, 32, 128, 32016),
-    "qwen2.5-7b": (3584, 18944, 28, 4, 128, 152064),
-}
+MODELS = ("codellama-7b", "qwen2.5-7b")  # the benchmark's 7B shapes
 FLUSH_BYTES = 600e6
 
 
 def linears(shape: str) -> dict[str, tuple[int, int]]:
-    """Layer name -> (out features N, in features K)."""
-    hidden, inter, heads, kv_heads, dim, vocab = SHAPES[shape]
+    """Layer name -> (out features N, in features K) of the benchmark's model `shape` (eval/bench.py)."""
+    c = SHAPES[shape]()
+    hidden, inter, heads, kv_heads, vocab = (c.hidden_size, c.intermediate_size, c.num_attention_heads,
+                                             c.num_key_value_heads, c.vocab_size)  # fmt: skip
+    dim = getattr(c, "head_dim", None) or hidden // heads
     return {
         "q": (heads * dim, hidden), "k": (kv_heads * dim, hidden), "v": (kv_heads * dim, hidden),
         "o": (hidden, heads * dim), "gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter),
@@ -76,8 +77,9 @@ def skinny_mm(x, w, config):
     block_m, block_n, block_k, split, warps, stages = config
     M, K = x.shape
     N = w.shape[0]
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype if split == 1 else torch.float32)
-    if split > 1:
+    if split == 1:
+        y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    else:  # each split's fp32 partial sums, added after
         y = torch.empty(split, M, N, device=x.device, dtype=torch.float32)
     grid = (triton.cdiv(N, block_n), triton.cdiv(M, block_m), split)
     _skinny_mm[grid](x, w, y, M, N, K, K // split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT=split,
@@ -99,7 +101,7 @@ def time_fns(fns) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=sorted(SHAPES), choices=sorted(SHAPES))
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=sorted(SHAPES))
     parser.add_argument("--rows", nargs="+", type=int, default=[64, 128, 256])
     parser.add_argument("--layers", nargs="+", default=None, help="layer names (default: all)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/gemm"))
@@ -119,10 +121,10 @@ def main() -> None:
                 moved = 2 * (N * K + M * K + M * N)
                 ref = torch.nn.functional.linear(x.float(), ws[0].float())
                 result = {"model": shape, "layer": layer, "N": N, "K": K, "M": M}
-                for name, blas in (("cublas", "cublas"), ("cublaslt", "cublaslt")):
+                for blas in ("cublas", "cublaslt"):
                     torch.backends.cuda.preferred_blas_library(blas)
                     us = time_fns([lambda w=w, x=x: torch.nn.functional.linear(x, w) for w in ws])
-                    result[name] = {"us": round(us, 2), "of_copy_bw": round(moved / (us * 1e-6) / ceiling, 3)}
+                    result[blas] = {"us": round(us, 2), "of_copy_bw": round(moved / (us * 1e-6) / ceiling, 3)}
                 torch.backends.cuda.preferred_blas_library("cublas")
                 best = None
                 for config in configs(M, K):

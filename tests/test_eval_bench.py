@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import torch
+import transformers
 
 from .conftest import VOCAB, eval_module, tiny_model
 
@@ -204,3 +205,28 @@ def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_toke
         gathered, gathered_ways = run()
     assert ways == {True} and gathered_ways == {False}
     assert gathered == whole and [len(a) for a in whole] == [2, 5, 3, 6]
+
+
+def test_gemm_check_times_the_benchmark_models_own_linear_shapes():
+    """eval/gemm_check.py's layer shapes are those of the model bench builds (and the fused ones their sums)."""
+    gemm = eval_module("gemm_check")
+    model = transformers.AutoModelForCausalLM.from_config(bench.SHAPES["tiny"]())
+    layer = model.model.layers[0]
+    modules = {"q": layer.self_attn.q_proj, "k": layer.self_attn.k_proj, "v": layer.self_attn.v_proj,
+               "o": layer.self_attn.o_proj, "gate": layer.mlp.gate_proj, "up": layer.mlp.up_proj,
+               "down": layer.mlp.down_proj, "lm_head": model.lm_head}  # fmt: skip
+    shapes = gemm.linears("tiny")
+    for name, module in modules.items():
+        assert shapes[name] == tuple(module.weight.shape), name
+    assert shapes["qkv"] == (sum(shapes[n][0] for n in "qkv"), shapes["q"][1])
+    assert shapes["gate_up"] == (shapes["gate"][0] + shapes["up"][0], shapes["gate"][1])
+
+
+def test_gemm_check_skinny_gemm_equals_linear():
+    """The skinny Triton GEMM that eval/gemm_check.py times gives F.linear's product, with and without split-K and
+    with rows and columns that do not fill a tile (fp32: the interpreter's bf16 dot is not exact)."""
+    gemm = eval_module("gemm_check")
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 64, generator=gen), torch.randn(40, 64, generator=gen)
+    for config in [(16, 32, 32, 1, 4, 2), (16, 16, 16, 2, 4, 2), (16, 32, 16, 4, 4, 2)]:
+        torch.testing.assert_close(gemm.skinny_mm(x, w, config), torch.nn.functional.linear(x, w), msg=str(config))
