@@ -10,6 +10,7 @@ The loop asks its attention backend for each forward's plan and knows nothing el
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import warnings
 
@@ -78,7 +79,23 @@ class Runner:
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
         with use_model(self.model, self.backend, self.support, self.fuses):
-            return self.decode(self.prefill())
+            building = self.prebuild_step()
+            logits = self.prefill()
+            concurrent.futures.wait(building)  # a build that failed fails again, with its error, at its launch
+            return self.decode(logits)
+
+    def prebuild_step(self) -> list[concurrent.futures.Future]:
+        """Start building the kernels of the first captured decode step, on threads while the prefill runs
+        (`AttentionBackend.prebuild`); none where steps are not captured or this one is captured already."""
+        n, room = self.layout.num_prompts, self.layout.max_new_tokens
+        if self.static is None or self.static.graphs.failed or n == 0 or room < 2:
+            return []
+        if (bucket(n), self.backend.graph_key) in self.static.graphs.captured:
+            return []
+        slots = self.layout.answer_slots[:, 0].to(self.device)
+        slots = torch.cat([slots, slots[-1:].expand(bucket(n) - n)])  # padded as a captured step pads its rows
+        plan = self.backend.static_plan(self.row, bucket(n)).plan(self.row, slots)
+        return self.backend.prebuild(plan, self.support.attention_calls)
 
     def plan(self, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
         """The backend's plan of a forward over the tokens written at `q_slot` [N] (keys up to `kv_len`; by default

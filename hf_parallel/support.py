@@ -24,7 +24,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 
-from .attention import AttentionBackend, use_attention
+from .attention import AttentionBackend, AttentionCall, use_attention
 from .attention.reference import ReferenceBackend
 from .cache import PackedCache, PackedLayer
 from .fusion import fusable_parts, fused
@@ -65,6 +65,7 @@ class Support:
                  zeros): a segment continuing from a state runs a token at a time.
     fusable:     names of the decoder layers' norms and (`fn:module.name`) of the rotary embedding function
                  their attention calls, which `compile="layers"` fuses (`hf_parallel.fusion`).
+    attention_calls: each kind of attention call the layers make (`AttentionCall`), as the probe saw them.
     """
 
     kinds: list[str]
@@ -75,6 +76,7 @@ class Support:
     stream_bytes: int = 0
     token_by_token: bool = False
     fusable: list[str] = field(default_factory=list)
+    attention_calls: list[AttentionCall] = field(default_factory=list)
 
     @property
     def recurrent(self) -> bool:
@@ -154,6 +156,7 @@ def _probe(model: PreTrainedModel) -> Support:
         raise refuse(model, "window", f" (layers {unwindowed})")
     support.plan_hooks = sorted({names[m] for m, has_plan in recorder.modules if not has_plan})
     support.fusable = fusable_parts(model, [m for m, _ in recorder.modules])
+    support.attention_calls = list(recorder.calls)
     try:
         _check_isolation(model, support)
     except NotImplementedError:
@@ -220,6 +223,7 @@ class _Recorder(AttentionBackend):
         self.events: list[int | None] = []  # the layer index of each K/V write, None for each attention call
         self.masked = False  # some call was handed an attention mask of the model's own
         self.windowed: set[int] = set()  # layer indices whose calls were told a sliding window
+        self.calls: dict[AttentionCall, None] = {}  # each kind of call, in the order first seen
 
     def bypassed(self) -> list[int]:
         """Layers whose K/V write no attention call followed before the next write (a layer may write under
@@ -232,6 +236,9 @@ class _Recorder(AttentionBackend):
         self.masked |= attention_mask is not None
         if kwargs.get("sliding_window") is not None:
             self.windowed.add(getattr(module, "layer_idx", -1))
+        call = AttentionCall(query.shape[1], key.shape[1], query.shape[-1], query.dtype, kwargs.get("sliding_window"),
+                             kwargs.get("softcap"), kwargs.get("s_aux") is not None)  # fmt: skip
+        self.calls[call] = None
         if pp_plan is None:  # keep the forward going: the verdict comes from the record
             return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
         return ReferenceBackend.attention(module, query, key, value, None, *args, pp_plan=pp_plan, **kwargs)

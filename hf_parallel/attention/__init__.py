@@ -13,7 +13,7 @@ import contextlib
 import torch
 from transformers import AttentionInterface, PreTrainedModel
 
-from .backend import AttentionBackend, StaticPlan
+from .backend import AttentionBackend, AttentionCall, StaticPlan
 from .reference import ReferenceBackend
 
 BACKENDS: dict[str, AttentionBackend] = {"reference": ReferenceBackend()}
@@ -25,7 +25,7 @@ except ImportError:
 else:
     BACKENDS["triton"] = TritonBackend()
 
-__all__ = ["BACKENDS", "AttentionBackend", "StaticPlan", "resolve_backend", "use_attention"]
+__all__ = ["BACKENDS", "AttentionBackend", "AttentionCall", "StaticPlan", "resolve_backend", "use_attention"]
 
 
 def resolve_backend(attn: str | AttentionBackend, device: torch.device) -> AttentionBackend:

@@ -11,9 +11,26 @@ captured graphs (static buffers written before each replay).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import dataclass
+
 import torch
 
 from ..plan import AttentionPlan, Row
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """What one kind of the model's attention calls passes besides the tensors' values, as the support probe saw
+    it: head counts and size, dtype, and the sliding window, softcap and sinks (`s_aux`) of its layers."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
 
 
 class StaticPlan:
@@ -59,6 +76,13 @@ class AttentionBackend:
     def static_plan(self, row: Row, bucket: int) -> StaticPlan:
         """Buffers for the plan of a captured decode step of up to `bucket` queries."""
         return StaticPlan(self, row, bucket)
+
+    def prebuild(self, plan: AttentionPlan, calls: list[AttentionCall]) -> list[Future]:
+        """Start building, on threads beside the caller, the kernels that a forward over `plan` launches for each
+        of `calls`; the caller waits on the futures before that forward.  A kernel's first build takes a second or
+        more (compiling and assembling): the first call builds the decode step's while its prefill runs.  This
+        one builds nothing (no kernel of its own)."""
+        return []
 
     @property
     def graph_key(self) -> tuple:
