@@ -140,10 +140,21 @@ def fused(model: nn.Module, parts: list[str]):
     for owner, attr, function in functions:
         setattr(owner, attr, _Fused(function=function, name=attr))
     try:
-        with recompile_limit(RECOMPILE_LIMIT) if modules or functions else contextlib.nullcontext():
+        with _compiling() if modules or functions else contextlib.nullcontext():
             yield
     finally:
         for module in modules:
             del module.forward
         for owner, attr, function in functions:
             setattr(owner, attr, function)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """Dynamo's recompile limit raised, and Inductor's builds of the parts' few kernels made in this process: a pool
+    of compile workers takes longer to start than the builds it would share (docs/benchmarks.md, "The first
+    call")."""
+    from torch._inductor import config
+
+    with recompile_limit(RECOMPILE_LIMIT), config.patch(compile_threads=1):
+        yield
