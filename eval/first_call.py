@@ -10,7 +10,10 @@ next but what lies on disk: Triton's kernel cache and torch.compile's caches (In
 caches, on by default), which a second run of the script finds.  In each process: `calls` calls of
 `hf_parallel.generate_tokens` on the same prompts (benchmark's workload: a War and Peace slice, forced answer
 tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of
-the others.  Prints and writes one JSON row per process.
+the others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread and
+Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.  `--no-prebuild` measures
+without the decode step's kernels built beside the prefill (`Runner.prebuild_step`); `--profile N` adds the
+first call's cProfile (top N functions by cumulative time; it slows Python-heavy work).
 
 The first call imports Inductor, so it also pays Python's compilation of Inductor's modules to bytecode where no
 bytecode cache can be written (`PYTHONDONTWRITEBYTECODE=1`, as on some shared machines): each row says whether one
@@ -22,7 +25,11 @@ compileall` over the installed packages before the first run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
+import pstats
 import subprocess
 import sys
 import time
@@ -40,29 +47,44 @@ def one_process(args) -> dict:
 
     import hf_parallel
     from eval.bench import BOOK, Workload, book_tokens, build_model, make_prompts
+    from eval.round_profile import CompileTimer
 
     device, compiled = torch.device(args.device), COMPILE[args.compile[0]]  # a child runs one setting
+    if args.no_prebuild:  # the ablation: the first step's kernels built at its first launch
+        from hf_parallel.runner import Runner
+
+        Runner.prebuild_step = lambda self: []
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
     work = Workload("first call", args.doc, args.questions, args.answer_tokens)
     encode = lambda s: [hash(w) % (vocab - 3) + 3 for w in s.split()]  # noqa: E731
     prompts = make_prompts(book_tokens(None, vocab, args.book or BOOK), work, 0, encode, vocab)
-    times = []
-    for _ in range(args.calls):
+    times, builds, profile = [], {}, None
+    for call in range(args.calls):
         torch.cuda.synchronize() if device.type == "cuda" else None
         start = time.perf_counter()
-        out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.answer_tokens, eos_token_id=[],
-                                          compile=compiled, progress=False)  # fmt: skip
-        torch.cuda.synchronize() if device.type == "cuda" else None
+        profiled = cProfile.Profile() if args.profile and not call else contextlib.nullcontext()
+        with CompileTimer() as timer, profiled as prof:
+            out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.answer_tokens, eos_token_id=[],
+                                              compile=compiled, progress=False)  # fmt: skip
+            torch.cuda.synchronize() if device.type == "cuda" else None
         times.append(time.perf_counter() - start)
         assert all(len(o) == args.answer_tokens for o in out)
+        if not call:
+            builds = timer.report()
+            if prof is not None:
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(args.profile)
+                profile = text.getvalue()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     steady = min(times[1:])
     return dict(model=args.model, doc=args.doc, questions=args.questions, answer_tokens=args.answer_tokens,
-                compile=compiled, call_s=[round(t, 3) for t in times], steady_s=round(steady, 3),
-                first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs,
+                compile=compiled, prebuild=not args.no_prebuild, call_s=[round(t, 3) for t in times],
+                steady_s=round(steady, 3),
+                first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs, first_call_builds=builds,
                 device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                python_bytecode_cache=not sys.dont_write_bytecode)  # fmt: skip
+                python_bytecode_cache=bool(sys.pycache_prefix) or not sys.dont_write_bytecode,
+                **({"first_call_profile": profile} if profile else {}))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,6 +99,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--book", type=Path, default=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", type=int, default=0,
+                        help="profile the first call (cProfile, which slows Python-heavy work) and keep this many "
+                             "of its functions by cumulative time")  # fmt: skip
+    parser.add_argument("--no-prebuild", action="store_true",
+                        help="the ablation: build the first decode step's kernels at its first launch, not on threads "
+                             "beside the prefill (`Runner.prebuild_step`)")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -86,8 +114,9 @@ def main(argv: list[str] | None = None) -> None:
     for value in args.compile:
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--doc", str(args.doc), "--questions",
                str(args.questions), "--answer-tokens", str(args.answer_tokens), "--compile", value, "--calls",
-               str(args.calls), "--device", args.device]  # fmt: skip
+               str(args.calls), "--device", args.device, "--profile", str(args.profile)]  # fmt: skip
         cmd += ["--book", str(args.book)] if args.book else []
+        cmd += ["--no-prebuild"] if args.no_prebuild else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         row = (
