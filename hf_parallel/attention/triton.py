@@ -162,8 +162,8 @@ class TritonBackend(AttentionBackend):
         with torch.cuda.device(device):
             for kernel, grid, args, kwargs in launches:
                 data = _specialization(kernel, grid, args, kwargs)  # None: built in this process
-                if data is not None and data not in _STARTED:
-                    _STARTED.add(data)
+                if data is not None and (device, data) not in _STARTED:  # Triton keeps a table per device
+                    _STARTED.add((device, data))
                     futures.append(_BUILDERS.submit(_build, device, kernel, grid, args, kwargs))
         return futures
 
@@ -368,7 +368,7 @@ _STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
 _COLLECTING = threading.local()  # `launches`: while set, this thread's launches are collected, not made (`prebuild`)
-_STARTED: set[str] = set()  # the specialization data of the builds `prebuild` started in this process
+_STARTED: set[tuple] = set()  # (device, specialization data) of the builds `prebuild` started in this process
 _BUILDERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hf_parallel_build")
 
 
