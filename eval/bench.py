@@ -22,6 +22,7 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
+  pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (ablation)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
                `gpu_kernel_check.py --own` in isolation (ablation)
@@ -56,7 +57,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions, Session
+from hf_parallel import GenerationOptions, Session, projections
 from hf_parallel.attention import resolve_backend
 from hf_parallel.attention import triton as triton_backend
 from hf_parallel.attention.triton import TritonBackend
@@ -101,6 +102,17 @@ def wide_own_launch():
 
 
 @contextlib.contextmanager
+def ungrouped():
+    """Every projection its own GEMM: the ablation of `hf_parallel.projections` (q|k|v as one)."""
+    saved = projections.SIBLINGS
+    projections.SIBLINGS = ()
+    try:
+        yield
+    finally:
+        projections.SIBLINGS = saved
+
+
+@contextlib.contextmanager
 def every_block_masked():
     """The kernel masking every KV block, the ones every row sees whole too: the ablation of
     `KernelConfig.whole_blocks`."""
@@ -133,6 +145,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
     "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
     "pp_every_block_masked": (dict(attn="triton"), False, every_block_masked),
+    "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
 }
 
 
@@ -497,8 +510,8 @@ def plot(results: list[dict], path: Path) -> None:
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
-                           "pp_own_launch_wide", "pp_every_block_masked", "pp_unfused", "pp_norms_only", "pp_triton",
-                           "pp_triton_compiled", "roofline"]
+                           "pp_own_launch_wide", "pp_every_block_masked", "pp_ungrouped", "pp_unfused", "pp_norms_only",
+                           "pp_triton", "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

@@ -122,7 +122,7 @@ class _Call:
         empty = Forest(budget.capacity).snapshot(self.room)
         runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
         engine = RefillEngine(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
-        with use_model(self.model, self.backend, self.support, runner.fuses):
+        with use_model(self.model, self.backend, self.support, runner.fuses, runner.groups):
             rounds = engine.run()
             while True:
                 with torch.inference_mode():

@@ -66,6 +66,9 @@ class Runner:
         # compile="auto": the layers' small operations fused where decode steps are captured (a CUDA graph replays
         # the fused kernels; elsewhere eager steps would pay the compiled regions' guards on the host)
         self.fuses = (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not support.recurrent
+        # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
+        # not in a compiled step, whose graph would be guarded on each call's new member forwards
+        self.groups = self.device.type == "cuda" and not eager_only(model) and opts.compile is not True
         if opts.compile is True and support.recurrent:
             warnings.warn("compile=True is not applied to models with recurrent layers; decoding uncompiled",
                           stacklevel=3)  # fmt: skip
@@ -78,7 +81,7 @@ class Runner:
     @torch.inference_mode()
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
-        with use_model(self.model, self.backend, self.support, self.fuses):
+        with use_model(self.model, self.backend, self.support, self.fuses, self.groups):
             building = self.prebuild_step()
             logits = self.prefill()
             concurrent.futures.wait(building)  # a build that failed fails again, with its error, at its launch

@@ -29,6 +29,7 @@ from .attention.reference import ReferenceBackend
 from .cache import PackedCache, PackedLayer
 from .fusion import fusable_parts, fused
 from .placement import placement_problem, spans_devices
+from .projections import grouped
 from .recurrent import SegmentedMixer, segmented
 
 REASONS = {
@@ -283,9 +284,11 @@ def _cache_class(model: PreTrainedModel) -> type:
 
 
 @contextlib.contextmanager
-def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False):
+def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False,
+              group: bool = False):  # fmt: skip
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
-    with `fuse`, the layers' norms and rotary embedding compiled (`hf_parallel.fusion`)."""
+    with `fuse`, the layers' norms and rotary embedding compiled (`hf_parallel.fusion`); with `group`, sibling
+    projections run as one GEMM (`hf_parallel.projections`)."""
     hooks = [model.get_submodule(name).register_forward_pre_hook(_inject_plan, with_kwargs=True)
              for name in support.plan_hooks]  # fmt: skip
     swapped = []
@@ -295,7 +298,7 @@ def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Suppor
         swapped.append((parent, attr, getattr(parent, attr)))
         setattr(parent, attr, SegmentedMixer(getattr(parent, attr), support.token_by_token))
     try:
-        with use_attention(model, backend), fused(model, support.fusable if fuse else []):
+        with use_attention(model, backend), fused(model, support.fusable if fuse else []), grouped(model, group):
             yield
     finally:
         for hook in hooks:
