@@ -24,7 +24,7 @@ from .options import GenerationOptions
 from .rowlayout import Forest
 from .runner import Runner
 from .session import Session
-from .support import Support, check_model, check_support, use_model
+from .support import Support, check_model, check_support
 
 
 def generate_tokens(model: PreTrainedModel, prompts, session: Session | None = None, **options) -> list[list[int]]:
@@ -122,7 +122,7 @@ class _Call:
         empty = Forest(budget.capacity).snapshot(self.room)
         runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
         engine = RefillEngine(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
-        with use_model(self.model, self.backend, self.support, runner.fuses, runner.groups):
+        with runner.using_model():
             rounds = engine.run()
             while True:
                 with torch.inference_mode():

@@ -37,7 +37,7 @@ class Runner:
     With CUDA graphs the row is a `StaticRow`, the call's own or a `Session`'s (which keeps it for later
     calls: same buffers, so the captured decode steps replay); otherwise a fresh cache.
     `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
-    of its own), to be called inside `use_model(model, backend, support)`.
+    of its own), to be called inside `using_model()`.
     A model placed over several devices, offloaded or sharded decodes eagerly: no CUDA graphs.
     """
 
@@ -81,11 +81,16 @@ class Runner:
     @torch.inference_mode()
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
-        with use_model(self.model, self.backend, self.support, self.fuses, self.groups):
+        with self.using_model():
             building = self.prebuild_step()
             logits = self.prefill()
             concurrent.futures.wait(building)  # a build that failed fails again, with its error, at its launch
             return self.decode(logits)
+
+    def using_model(self):
+        """`use_model` as this runner's forwards need it: its backend, and its layer parts fused and projections
+        grouped where it decides so."""
+        return use_model(self.model, self.backend, self.support, self.fuses, self.groups)
 
     def prebuild_step(self) -> list[concurrent.futures.Future]:
         """Start building the kernels of the first captured decode step, on threads while the prefill runs

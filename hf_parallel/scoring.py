@@ -19,7 +19,7 @@ from .inputs import as_token_lists, check_tokens
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .runner import Runner
-from .support import check_model, check_support, use_model
+from .support import check_model, check_support
 
 
 @dataclass
@@ -82,7 +82,7 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     support = check_support(model)
     backend = resolve_backend(opts.attn, model.device)
     runner = Runner(model, layout, opts, backend, support)
-    with torch.inference_mode(), use_model(model, backend, support, group=runner.groups):
+    with torch.inference_mode(), runner.using_model():
         logprobs = _run(runner, rows, targets, opts.prefill_chunk).cpu()
     flat = iter(logprobs.split(sizes))
     return TreeScores([[next(flat) for _ in cands] for cands in continuations], layout.num_slots)
