@@ -23,6 +23,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
   pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (ablation)
+  pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write (ablation)
+  pp_synced    pp_triton with the decode loop reading each step's live count at once, not one step late (ablation)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
                `gpu_kernel_check.py --own` in isolation (ablation)
@@ -58,6 +60,8 @@ import torch
 import transformers
 
 from hf_parallel import GenerationOptions, Session, projections
+from hf_parallel import cache as packed_cache
+from hf_parallel import runner as runner_module
 from hf_parallel.attention import resolve_backend
 from hf_parallel.attention import triton as triton_backend
 from hf_parallel.attention.triton import TritonBackend
@@ -128,6 +132,33 @@ def every_block_masked():
         triton_backend.default_config = saved
 
 
+@contextlib.contextmanager
+def index_copy_writes():
+    """The cache's K/V written by `index_copy_`: the ablation of the Triton write (`hf_parallel.cache`)."""
+    saved = packed_cache.cache_write
+    packed_cache.cache_write = None
+    try:
+        yield
+    finally:
+        packed_cache.cache_write = saved
+
+
+class _SyncedCount(runner_module.LaggedCount):
+    def previous(self, running, first):
+        return int(running.sum())
+
+
+@contextlib.contextmanager
+def synced_steps():
+    """Each decode step's live count read at once (the host waits for the step): the ablation of `LaggedCount`."""
+    saved = runner_module.LaggedCount
+    runner_module.LaggedCount = _SyncedCount
+    try:
+        yield
+    finally:
+        runner_module.LaggedCount = saved
+
+
 METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
     # context each run goes through (default: none)
     "pp_triton": (dict(attn="triton"), False),
@@ -146,6 +177,8 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
     "pp_every_block_masked": (dict(attn="triton"), False, every_block_masked),
     "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
+    "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
+    "pp_synced": (dict(attn="triton"), False, synced_steps),
 }
 
 

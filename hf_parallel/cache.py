@@ -15,6 +15,13 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .plan import AttentionPlan
 from .recurrent import SegmentRuns, State, StateLayer
 
+try:  # the Triton write is optional: without triton every write is `index_copy_`
+    import triton
+
+    from .triton_kernels import cache_write
+except ImportError:
+    cache_write = None
+
 
 class PackedLayer(CacheLayerMixin):
     """One layer's K/V: [1, H_kv, S, D] each, allocated on first write."""
@@ -33,8 +40,7 @@ class PackedLayer(CacheLayerMixin):
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, plan: AttentionPlan):
         if not self.is_initialized:
             PackedLayer.lazy_initialization(self, key_states, value_states)
-        self.keys.index_copy_(2, plan.q_slot, key_states)
-        self.values.index_copy_(2, plan.q_slot, value_states)
+        write_slots(self.keys, self.values, plan.q_slot, key_states, value_states)
         return self.keys[:, :, : plan.kv_len], self.values[:, :, : plan.kv_len]
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -51,6 +57,33 @@ class PackedLayer(CacheLayerMixin):
 
     def stored_bytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2 if self.is_initialized else 0
+
+
+def write_slots(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor,
+                value_states: torch.Tensor) -> None:  # fmt: skip
+    """keys, values [1, H, S, D] at `slots` [N] <- key_states, value_states [1, H, N, D]: on CUDA one Triton launch
+    for both (`triton_kernels.cache_write`), elsewhere (and inside torch.compile, which fuses its own) `index_copy_`."""
+    tensors = (keys, values, key_states, value_states)
+    plain = any(t.dtype != keys.dtype or t.stride(-1) != 1 for t in tensors) or key_states.shape[2] == 0
+    if cache_write is None or not key_states.is_cuda or torch.compiler.is_compiling() or plain:
+        keys.index_copy_(2, slots, key_states)
+        values.index_copy_(2, slots, value_states)
+        return
+    with torch.cuda.device(key_states.device):  # Triton launches on the current device: a layer's may be another
+        launch_write_slots(keys, values, slots, key_states, value_states)
+
+
+def launch_write_slots(keys, values, slots, key_states, value_states) -> None:
+    """`write_slots`' Triton launch (on the CPU: under TRITON_INTERPRET=1)."""
+    _, heads, n, dim = key_states.shape
+    block_d = triton.next_power_of_2(dim)
+    block_h = max(1, min(triton.next_power_of_2(heads), 1024 // block_d))  # 1,024 elements: 8 a thread of 4 warps
+    cache_write.write_slots[(n, triton.cdiv(heads, block_h))](
+        keys, values, key_states, value_states, slots, heads,
+        keys.stride(1), keys.stride(2), values.stride(1), values.stride(2),
+        key_states.stride(1), key_states.stride(2), value_states.stride(1), value_states.stride(2),
+        HEAD_DIM=dim, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
+    )  # fmt: skip
 
 
 class HybridLayer(StateLayer, PackedLayer):

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from .attention import AttentionBackend, resolve_backend
 from .budget import RowBudget, row_budget, too_large
 from .engine import RefillEngine
-from .inputs import as_token_lists, check_tokens
+from .inputs import as_token_lists, check_length, check_tokens
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .rowlayout import Forest
@@ -81,7 +81,7 @@ class _Call:
         for i, prompt in enumerate(prompts):
             check_tokens(model, f"prompt {i}", prompt)
             budgets.append(opts.request.prepare(model, prompt).budget)  # generate's lists, captured before any work
-            check_tokens(model, f"prompt {i}", prompt, budgets[-1])
+            check_length(model, f"prompt {i}", prompt, budgets[-1])
         support = check_support(model) if prompts else None
         backend = resolve_backend(opts.attn, model.device)
         streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once

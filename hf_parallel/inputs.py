@@ -42,7 +42,7 @@ def _as_ids(name: str, seq) -> list[int]:
         return seq.tolist()
     if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
         raise TypeError(f"{name} must be a list of token ids, got {type(seq).__name__} (tokenize text first)")
-    if all(type(t) is int for t in seq):  # the common case, without the ABC checks (bool is not int's type)
+    if set(map(type, seq)) == {int}:  # the common case, in C and without the ABC checks (bool is not int's type)
         return list(seq)
     for t in seq:
         if not _is_int(t):
@@ -58,12 +58,17 @@ def _is_int(value) -> bool:
 
 def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
     """Refuse an empty sequence, ids outside the vocabulary, and `len(tokens) + room` past the model's positions."""
-    config = model.config.get_text_config()
-    limit, vocab = getattr(config, "max_position_embeddings", None), config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     if len(tokens) == 0:
         raise ValueError(f"{name} is empty")
     if min(tokens) < 0 or max(tokens) >= vocab:
         raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
+    check_length(model, name, tokens, room)
+
+
+def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
+    """Refuse `len(tokens) + room` past the model's positions (`check_tokens` without the ids)."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and len(tokens) + room > limit:
         extra = f"; with max_new_tokens={room} it" if room else ", which"
         raise ValueError(f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "

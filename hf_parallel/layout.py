@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 STRIDED_STOP = 2**31 - 1  # `Layout.seg_stop` of an interleaved answer: no slot lies past it
@@ -102,22 +101,30 @@ class Layout:
         return chain[::-1]
 
 
-def _common_prefix_len(arrays: list[np.ndarray], start: int) -> int:
-    """Length of the common prefix of `arrays` (all equal on [:start])."""
-    first = arrays[0]
-    n = min(len(a) for a in arrays)
-    for other in arrays[1:]:
-        diff = np.flatnonzero(first[start:n] != other[start:n])
-        if diff.size:
-            n = start + int(diff[0])
-    return n
+def _common_prefix_len(sequences: list[list[int]], start: int) -> int:
+    """Length of the common prefix of `sequences` (all equal on [:start]).  What the lexicographic least and
+    greatest share, every sequence shares; list comparisons and slices run in C, a bisection finds the first
+    difference of the two."""
+    if len(sequences) == 1:
+        return len(sequences[0])
+    lo, hi = min(sequences), max(sequences)
+    same, differ = start, min(len(lo), len(hi))  # lo[:same] == hi[:same]; below, lo[:differ] != hi[:differ]
+    if lo[same:differ] == hi[same:differ]:
+        return differ
+    while differ - same > 1:
+        mid = (same + differ) // 2
+        if lo[same:mid] == hi[same:mid]:
+            same = mid
+        else:
+            differ = mid
+    return same
 
 
 def _grow(prompts, members, start, parent, depth, segments, prompt_ends, answer_segs, room):
     """Append the segment shared by `members` from token `start` and recurse into its children."""
     end = _common_prefix_len([prompts[m] for m in members], start)
     seg_id = len(segments)
-    segments.append(Segment(parent, depth, prompts[members[0]][start:end].tolist()))
+    segments.append(Segment(parent, depth, prompts[members[0]][start:end]))
     for m in members:
         if len(prompts[m]) == end:  # prompt m ends here: its answer is a child of this segment
             prompt_ends[m] = seg_id
@@ -147,11 +154,11 @@ def build_layout(prompts: list[list[int]], max_new_tokens: int, interleaved: boo
         raise ValueError("build_layout needs at least one prompt")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt must have at least one token")
-    arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    lists = [[int(t) for t in p] if type(p) is not list else p for p in prompts]
     segments: list[Segment] = []
     prompt_ends, answer_segs = [-1] * len(prompts), [-1] * len(prompts)
-    for group in _group_by_token(arrays, list(range(len(arrays))), 0):
-        _grow(arrays, group, 0, -1, 0, segments, prompt_ends, answer_segs, max_new_tokens)
+    for group in _group_by_token(lists, list(range(len(lists))), 0):
+        _grow(lists, group, 0, -1, 0, segments, prompt_ends, answer_segs, max_new_tokens)
     layout = Layout(segments, prompt_ends, answer_segs, [len(p) for p in prompts], max_new_tokens, interleaved)
     _set_intervals(layout)
     _assign_slots(layout)

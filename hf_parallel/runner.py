@@ -183,17 +183,21 @@ class Runner:
         running = torch.ones(n, dtype=torch.bool, device=self.device)  # ... of which have not stopped
         answer_slots = self.layout.answer_slots.to(self.device)
         changed = True  # the set of fed streams changed since the last step
+        count = LaggedCount(self.device)
         for step in range(room):
             new = sampler(processing.scores(logits))
             processing.append(new)
             out[live, step] = torch.where(running, new, -1)
             running &= ~processing.stopped(new)
-            left = int(running.sum())  # the one host sync of a step
+            left = count.previous(running, first=len(live))  # one step late: the GPU runs the step just queued
             if step + 1 == room or left == 0:
                 break
             if left < len(live) and (not self.captured_steps or bucket(left) < bucket(len(live))):
                 processing.keep(running)
                 live, new, running, changed = live[running], new[running], running[running], True
+                if len(live) == 0:  # the rest stopped in this step
+                    break
+                count = LaggedCount(self.device)
             logits = self.step(answer_slots[live, step], new, changed)
             changed = False
         return [[t for t in row if t >= 0] for row in out.tolist()]
@@ -216,6 +220,37 @@ class Runner:
 
     def _graph_forward(self, plan: AttentionPlan, tokens: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         return self.forward(plan, tokens, keep, step=True)
+
+
+class LaggedCount:
+    """How many flags of a decode step's `running` [N] bool are set, read on the host one step late.
+
+    Reading this step's count would make the host wait until the GPU has run the step, and the GPU would then
+    idle while the host prepares and launches the next one.  Instead each step's count is copied to pinned host
+    memory behind the step's kernels, and the host reads the previous step's, which the GPU finished while this
+    step was queued.  Acting one step late costs a stopped stream one more token, decoded into its own answer
+    region and not recorded (the stopped rows of a captured step do the same until their bucket shrinks).  On
+    the CPU the count is read at once.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            self.counts = torch.empty(2, dtype=torch.int64, pin_memory=True)
+            self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.steps = 0
+
+    def previous(self, running: torch.Tensor, first: int) -> int:
+        """The count of the previous call's `running` (`first` at the first call); this call's is queued."""
+        if self.device.type != "cuda":
+            return int(running.sum())
+        i, self.steps = self.steps % 2, self.steps + 1
+        self.counts[i].copy_(running.sum(), non_blocking=True)
+        self.events[i].record()
+        if self.steps == 1:
+            return first
+        self.events[1 - i].synchronize()
+        return int(self.counts[1 - i])
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):

@@ -230,3 +230,23 @@ def test_gemm_check_skinny_gemm_equals_linear():
     x, w = torch.randn(5, 64, generator=gen), torch.randn(40, 64, generator=gen)
     for config in [(16, 32, 32, 1, 4, 2), (16, 16, 16, 2, 4, 2), (16, 32, 16, 4, 4, 2)]:
         torch.testing.assert_close(gemm.skinny_mm(x, w, config), torch.nn.functional.linear(x, w), msg=str(config))
+
+
+def test_index_copy_writes_and_synced_steps_hold_only_inside_their_contexts():
+    """bench's `pp_index_copy` and `pp_synced` ablations: the cache writes with `index_copy_`, and the decode loop
+    reads each step's live count at once, only while their contexts hold."""
+    from hf_parallel import cache, runner
+
+    kernel, lagged = cache.cache_write, runner.LaggedCount
+    with bench.index_copy_writes():
+        assert cache.cache_write is None
+    with bench.synced_steps():
+        assert runner.LaggedCount is not lagged
+        assert runner.LaggedCount(torch.device("cpu")).previous(torch.tensor([True, False, True]), first=3) == 2
+    assert (cache.cache_write, runner.LaggedCount) == (kernel, lagged)
+
+
+def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
+    eval_module("host_check").main(["--doc", "64", "--questions", "3", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "3 prompts of 76 tokens: input checks" in out and "build_layout" in out

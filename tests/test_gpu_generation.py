@@ -185,3 +185,14 @@ def test_the_first_steps_kernels_are_built_while_the_prefill_runs(cuda_model, ow
     if any("CUDA-graph capture of the decode step failed" in str(w.message) for w in caught):
         pytest.skip("this model's steps decode eagerly (gpt-oss: a copy from the host inside the forward)")
     assert seen["builds"] >= 2 and seen["before decode"] == ours()  # the decode steps built nothing
+
+
+def test_the_live_count_is_read_one_step_late():
+    """`LaggedCount`: the first call gives `first`, each later one the previous call's count (the current one's
+    kernels may still be queued)."""
+    from hf_parallel.runner import LaggedCount
+
+    count = LaggedCount(torch.device("cuda"))
+    flags = [torch.tensor(f, device="cuda") for f in ([1, 1, 1], [1, 0, 1], [0, 0, 1], [0, 0, 0])]
+    got = [count.previous(f.bool(), first=3) for f in flags]
+    assert got == [3, 3, 2, 1]

@@ -1,0 +1,56 @@
+"""Host time before a call's first forward: the input checks and the prefix tree, on the CPU.
+
+    python eval/host_check.py --doc 8192 --questions 64 256
+
+Prompts are one random document followed by a short random question each; the model is a tiny random Llama with
+a 32k vocabulary (the checks read only its config).  Prints the best of `--repeats` times of `generate_tokens`'
+input preparation (ids, lengths, generate's lists) and of `build_layout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_parallel import generation  # noqa: E402
+from hf_parallel.layout import build_layout  # noqa: E402
+
+
+def best_of(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--doc", type=int, default=8192)
+    parser.add_argument("--questions", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      intermediate_size=128, max_position_embeddings=args.doc + 1024)  # fmt: skip
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    rng = random.Random(0)
+    doc = [rng.randrange(config.vocab_size) for _ in range(args.doc)]
+    for n in args.questions:
+        prompts = [doc + [rng.randrange(config.vocab_size) for _ in range(12)] for _ in range(n)]
+        checks = best_of(lambda p=prompts: generation._Call.prepare(model, p, dict(max_new_tokens=128), None),
+                         args.repeats)  # fmt: skip
+        layout = best_of(lambda p=prompts: build_layout(p, 128), args.repeats)
+        print(f"{n} prompts of {args.doc + 12} tokens: input checks {checks * 1e3:.0f} ms, "
+              f"build_layout {layout * 1e3:.0f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
