@@ -55,6 +55,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from unittest import mock
 
 import torch
 import transformers
@@ -105,15 +106,9 @@ def wide_own_launch():
         triton_backend.own_launch_config = saved
 
 
-@contextlib.contextmanager
 def ungrouped():
     """Every projection its own GEMM: the ablation of `hf_parallel.projections` (q|k|v as one)."""
-    saved = projections.SIBLINGS
-    projections.SIBLINGS = ()
-    try:
-        yield
-    finally:
-        projections.SIBLINGS = saved
+    return mock.patch.object(projections, "SIBLINGS", ())
 
 
 @contextlib.contextmanager
@@ -132,15 +127,9 @@ def every_block_masked():
         triton_backend.default_config = saved
 
 
-@contextlib.contextmanager
 def index_copy_writes():
     """The cache's K/V written by `index_copy_`: the ablation of the Triton write (`hf_parallel.cache`)."""
-    saved = packed_cache.cache_write
-    packed_cache.cache_write = None
-    try:
-        yield
-    finally:
-        packed_cache.cache_write = saved
+    return mock.patch.object(packed_cache, "cache_write", None)
 
 
 class _SyncedCount(runner_module.LaggedCount):
@@ -148,15 +137,9 @@ class _SyncedCount(runner_module.LaggedCount):
         return int(running.sum())
 
 
-@contextlib.contextmanager
 def synced_steps():
     """Each decode step's live count read at once (the host waits for the step): the ablation of `LaggedCount`."""
-    saved = runner_module.LaggedCount
-    runner_module.LaggedCount = _SyncedCount
-    try:
-        yield
-    finally:
-        runner_module.LaggedCount = saved
+    return mock.patch.object(runner_module, "LaggedCount", _SyncedCount)
 
 
 METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the

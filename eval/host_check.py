@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import time
+import timeit
 from pathlib import Path
 
 import transformers
@@ -24,12 +24,7 @@ from hf_parallel.layout import build_layout  # noqa: E402
 
 
 def best_of(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main(argv: list[str] | None = None) -> None:

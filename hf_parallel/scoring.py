@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .attention import AttentionBackend, resolve_backend
-from .inputs import as_token_lists, check_tokens
+from .inputs import as_token_lists, check_length, check_tokens
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .runner import Runner
@@ -96,7 +96,7 @@ def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
             raise ValueError(f"prompt {p} has no candidate continuations")
         for c, cont in enumerate(cands):
             check_tokens(model, f"continuation {c} of prompt {p}", cont)
-            check_tokens(model, f"prompt {p} with continuation {c}", prompt + cont)
+            check_length(model, f"prompt {p} with continuation {c}", prompt + cont)  # both parts' ids checked
 
 
 def tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
