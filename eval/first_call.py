@@ -10,9 +10,10 @@ next but what lies on disk: Triton's kernel cache and torch.compile's caches (In
 caches, on by default), which a second run of the script finds.  In each process: `calls` calls of
 `hf_parallel.generate_tokens` on the same prompts (benchmark's workload: a War and Peace slice, forced answer
 tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of
-the others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread and
-Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.  `--no-prebuild` measures
-without the decode step's kernels built beside the prefill (`Runner.prebuild_step`); `--profile N` adds the
+the others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread, those on
+threads beside it, and Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.
+`--no-prebuild` measures with every kernel built at its first launch, on the calling thread, not on threads
+before it (`Runner.prebuild_prefill` and `Runner.prebuild_step`); `--profile N` adds the
 first call's cProfile (top N functions by cumulative time; it slows Python-heavy work).
 
 The first call imports Inductor, so it also pays Python's compilation of Inductor's modules to bytecode where no
@@ -50,9 +51,10 @@ def one_process(args) -> dict:
     from eval.round_profile import CompileTimer
 
     device, compiled = torch.device(args.device), COMPILE[args.compile[0]]  # a child runs one setting
-    if args.no_prebuild:  # the ablation: the first step's kernels built at its first launch
+    if args.no_prebuild:  # the ablation: each kernel built at its first launch, on the calling thread
         from hf_parallel.runner import Runner
 
+        Runner.prebuild_prefill = lambda self, chunks: []
         Runner.prebuild_step = lambda self: []
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
@@ -103,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="profile the first call (cProfile, which slows Python-heavy work) and keep this many "
                              "of its functions by cumulative time")  # fmt: skip
     parser.add_argument("--no-prebuild", action="store_true",
-                        help="the ablation: build the first decode step's kernels at its first launch, not on threads "
-                             "beside the prefill (`Runner.prebuild_step`)")  # fmt: skip
+                        help="the ablation: build each kernel at its first launch, not on threads before it "
+                             "(`Runner.prebuild_prefill`, `Runner.prebuild_step`)")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -20,6 +20,7 @@ import contextlib
 import gzip
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,8 +123,10 @@ class HostTimer(Patched):
 
 class CompileTimer(HostTimer):
     """Wall time and count of Triton's kernel builds in this process (`JITFunction._do_compile`: a build from
-    source or a load from Triton's disk cache), by kernel, and of dynamo's compilations (its own
-    `compilation_time_metrics`, whose entries nest, so only the outermost, `_compile.compile_inner`, is summed)."""
+    source or a load from Triton's disk cache), on the thread that made the timer, by kernel, and on other threads
+    (`hf_parallel.builds`' builders: their seconds overlap each other's and the caller's); and of dynamo's
+    compilations (its own `compilation_time_metrics`, whose entries nest, so only the outermost,
+    `_compile.compile_inner`, is summed)."""
 
     PARTS = {"triton_build": (triton.runtime.jit.JITFunction, "_do_compile")}
     if not hasattr(triton.runtime.jit.JITFunction, "_do_compile"):  # Triton before 3.3: builds not itemized
@@ -132,24 +135,29 @@ class CompileTimer(HostTimer):
     def __init__(self):
         super().__init__()
         self.kernels: dict[str, int] = {}
+        self.caller = threading.get_ident()
+        self.seconds["triton_build_beside"], self.calls["triton_build_beside"] = 0.0, 0
 
     def __enter__(self):
         self.dynamo = len(torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", []))
         return super().__enter__()
 
     def _wrap(self, part, original):
-        timed = super()._wrap(part, original)
+        here, beside = super()._wrap(part, original), super()._wrap(f"{part}_beside", original)
 
         def named(obj, *args, **kwargs):
+            if threading.get_ident() != self.caller:
+                return beside(obj, *args, **kwargs)
             self.kernels[obj.__name__] = self.kernels.get(obj.__name__, 0) + 1
-            return timed(obj, *args, **kwargs)
+            return here(obj, *args, **kwargs)
 
         return named
 
     def report(self) -> dict:
         dynamo = torch._dynamo.utils.compilation_time_metrics.get("_compile.compile_inner", [])[self.dynamo :]
         builds = {"s": round(self.seconds.get("triton_build", 0.0), 3), "calls": self.calls.get("triton_build", 0)}
-        return {"triton_builds": {**builds, "kernels": self.kernels},
+        beside = {"s": round(self.seconds["triton_build_beside"], 3), "calls": self.calls["triton_build_beside"]}
+        return {"triton_builds": {**builds, "kernels": self.kernels}, "triton_builds_on_threads": beside,
                 "dynamo_compiles": {"s": round(sum(dynamo), 3), "calls": len(dynamo)}}  # fmt: skip
 
 

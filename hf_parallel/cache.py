@@ -18,6 +18,7 @@ from .recurrent import SegmentRuns, State, StateLayer
 try:  # the Triton write is optional: without triton every write is `index_copy_`
     import triton
 
+    from . import builds
     from .triton_kernels import cache_write
 except ImportError:
     cache_write = None
@@ -78,12 +79,26 @@ def launch_write_slots(keys, values, slots, key_states, value_states) -> None:
     _, heads, n, dim = key_states.shape
     block_d = triton.next_power_of_2(dim)
     block_h = max(1, min(triton.next_power_of_2(heads), 1024 // block_d))  # 1,024 elements: 8 a thread of 4 warps
-    cache_write.write_slots[(n, triton.cdiv(heads, block_h))](
-        keys, values, key_states, value_states, slots, heads,
+    builds.run_kernel(
+        cache_write.write_slots, (n, triton.cdiv(heads, block_h)), keys, values, key_states, value_states, slots, heads,
         keys.stride(1), keys.stride(2), values.stride(1), values.stride(2),
         key_states.stride(1), key_states.stride(2), value_states.stride(1), value_states.stride(2),
         HEAD_DIM=dim, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4,
     )  # fmt: skip
+
+
+def prebuild_writes(calls: list, device: torch.device) -> list:
+    """`write_slots`' launch for the K/V of each of `calls` (`AttentionCall`s) built on a thread (`builds.start`),
+    from stand-in tensors: a build depends on the dtype, the head count and size, and the strides' alignment, the
+    same for every write of a model whose head size is a multiple of 16 (the new K/V a strided view or not)."""
+    if cache_write is None or device.type != "cuda":
+        return []
+    with builds.collecting() as launches:
+        for call in calls:
+            cache = torch.empty(1, call.kv_heads, 16, call.head_dim, dtype=call.dtype, device=device)
+            new = torch.empty(1, 16, call.kv_heads, call.head_dim, dtype=call.dtype, device=device).transpose(1, 2)
+            write_slots(cache, cache, torch.arange(16, device=device), new, new)
+    return builds.start(device, launches)
 
 
 class HybridLayer(StateLayer, PackedLayer):

@@ -17,6 +17,7 @@ import warnings
 import torch
 from transformers import PreTrainedModel
 
+from . import builds, cache
 from .attention import AttentionBackend
 from .fusion import RECOMPILE_LIMIT, recompile_limit
 from .graphs import StaticRow, bucket
@@ -82,15 +83,28 @@ class Runner:
     def run(self) -> list[list[int]]:
         """Every prompt's new tokens, each up to and including EOS when generated."""
         with self.using_model():
-            building = self.prebuild_step()
-            logits = self.prefill()
-            concurrent.futures.wait(building)  # a build that failed fails again, with its error, at its launch
+            chunks = self.prefill_chunks()
+            prefill_builds = self.prebuild_prefill(chunks)
+            step_builds = self.prebuild_step()
+            with builds.awaiting(prefill_builds):  # the prefill's first launch waits for its kernels
+                logits = self.prefill(chunks)
+            concurrent.futures.wait(prefill_builds + step_builds)  # one that failed fails again at its launch
             return self.decode(logits)
 
     def using_model(self):
         """`use_model` as this runner's forwards need it: its backend, and its layer parts fused and projections
         grouped where it decides so."""
         return use_model(self.model, self.backend, self.support, self.fuses, self.groups)
+
+    def prebuild_prefill(self, chunks: list) -> list[concurrent.futures.Future]:
+        """Start building the kernels of the prefill's forwards (`chunks`: `prefill_chunks`), the K/V write's and
+        the backend's (`AttentionBackend.prebuild`), each on a thread of its own, so they build beside each other
+        and beside what the first forward does before its first launch."""
+        calls = self.support.attention_calls
+        futures = cache.prebuild_writes(calls, self.device) if chunks else []
+        for _, _, plan in chunks:
+            futures += self.backend.prebuild(plan, calls)
+        return futures
 
     def prebuild_step(self) -> list[concurrent.futures.Future]:
         """Start building the kernels of the first captured decode step, on threads while the prefill runs
@@ -136,17 +150,21 @@ class Runner:
                 self.compile_failed = True
         return self.model(**kwargs).logits[0].float().to(self.device)  # the last layer's device: the loop's
 
-    def prefill(self) -> torch.Tensor:
-        """Run every prompt token once; logits [P, V] at each prompt's last token."""
+    def prefill_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]]:
+        """The prefill's forwards: each chunk of `prefill_chunk` prompt slots in slot order, its token ids, its plan."""
         slots, tokens, _ = self.layout.prompt_slots()
+        size = self.opts.prefill_chunk_for(self.backend)
+        return [(slots[i : i + size], tokens[i : i + size], self.plan(slots[i : i + size].to(self.device)))
+                for i in range(0, len(slots), size)]  # fmt: skip
+
+    def prefill(self, chunks: list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]] | None = None) -> torch.Tensor:
+        """Run every prompt token once (`chunks`: `prefill_chunks`, by default made here); logits [P, V] at each
+        prompt's last token."""
         last = self.layout.last_prompt_slots()
         logits = torch.empty(len(last), self.model.config.get_text_config().vocab_size, device=self.device)
-        size = self.opts.prefill_chunk_for(self.backend)
-        for start in range(0, len(slots), size):
-            chunk = slots[start : start + size]
+        for chunk, ids, plan in chunks if chunks is not None else self.prefill_chunks():
             rows, prompts, inverse = _last_rows(chunk, last)
-            ids = tokens[start : start + len(chunk)]
-            out = self.forward(self.plan(chunk.to(self.device)), ids.to(self.device), rows.to(self.device))
+            out = self.forward(plan, ids.to(self.device), rows.to(self.device))
             logits[prompts.to(self.device)] = out[inverse.to(self.device)]
         if self.support.recurrent:
             self.cache.begin_decode(self.layout.prompt_ends)

@@ -143,48 +143,46 @@ def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
 
 @pytest.mark.parametrize("compile", [False, "auto"])  # the prefill waiting on the GPU; compiling the layers' parts
 @pytest.mark.parametrize("own_tiles", [None, "overlap"])
-def test_the_first_steps_kernels_are_built_while_the_prefill_runs(cuda_model, own_tiles, compile, monkeypatch,
-                                                                   tmp_path):  # fmt: skip
-    """The first captured step finds its kernels built: `Runner.prebuild_step` had them built beside the prefill
-    (into an empty cache, each kernel's in-process table emptied first, so that every launch needs a build)."""
+def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, compile, monkeypatch, tmp_path):
+    """Every kernel of a first call, the K/V write's, the prefill's and the first captured step's, is built on a
+    thread beside the caller (`Runner.prebuild_prefill`, `Runner.prebuild_step`), none at its launch (into an
+    empty cache, each kernel's in-process table emptied first, so that every launch needs a build)."""
     import collections
+    import threading
     import warnings
 
+    import triton
+
+    from hf_parallel import builds
     from hf_parallel.attention import triton as path
-    from hf_parallel.runner import Runner
     from hf_parallel.support import check_support
+    from hf_parallel.triton_kernels import cache_write
     from hf_parallel.triton_kernels import stream_attention as kernels
 
     if check_support(cuda_model).recurrent:
         pytest.skip("recurrent layers decode eagerly: no captured step to build for")
+    if not hasattr(triton.knobs.runtime, "jit_post_compile_hook"):
+        pytest.skip("this Triton has no post-compile hook to see builds by")
+    ours = (kernels.stream_attention_fwd, kernels.combine_splits, cache_write.write_slots)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(path, "_STARTED", set())
-    for kernel in (kernels.stream_attention_fwd, kernels.combine_splits):
+    monkeypatch.setattr(builds, "_STARTED", set())
+    for kernel in ours:
         monkeypatch.setattr(kernel, "device_caches", collections.defaultdict(kernel.create_binder))
-    seen, decode, prebuild = {}, Runner.decode, Runner.prebuild_step
+    built = []  # (kernel, thread, at a launch)
 
-    def ours():  # this package's kernels in the cache (Inductor's of the compiled parts land there too)
-        return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.cubin")
-                      if p.stem in ("stream_attention_fwd", "combine_splits"))  # fmt: skip
+    def hook(*args, fn, is_manual_warmup, **kwargs):
+        if fn.jit_function in ours:
+            built.append((fn.name, threading.current_thread().name, not is_manual_warmup))
 
-    def prebuilt(self):  # `run` waits for them before the decode
-        futures = prebuild(self)
-        seen["builds"] = len(futures)
-        return futures
-
-    def decoding(self, logits):
-        seen["before decode"] = ours()
-        return decode(self, logits)
-
-    monkeypatch.setattr(Runner, "prebuild_step", prebuilt)
-    monkeypatch.setattr(Runner, "decode", decoding)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generate_tokens(cuda_model, _prompts(3, 6), max_new_tokens=4, eos_token_id=[], compile=compile,
                         attn=path.TritonBackend(own_tiles=own_tiles))  # fmt: skip
     if any("CUDA-graph capture of the decode step failed" in str(w.message) for w in caught):
         pytest.skip("this model's steps decode eagerly (gpt-oss: a copy from the host inside the forward)")
-    assert seen["builds"] >= 2 and seen["before decode"] == ours()  # the decode steps built nothing
+    assert {name for name, _, _ in built} >= {"write_slots", "stream_attention_fwd"}
+    assert [b for b in built if b[2] or b[1] == threading.current_thread().name] == []  # none at a launch
 
 
 def test_the_live_count_is_read_one_step_late():

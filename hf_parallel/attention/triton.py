@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention.bias import causal_lower_right
 
+from .. import builds
 from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .backend import AttentionBackend, AttentionCall
@@ -141,31 +141,24 @@ class TritonBackend(AttentionBackend):
 
     def prebuild(self, plan: TritonPlan, calls: list[AttentionCall]) -> list[Future]:
         """Each kernel the forward over `plan` launches that this process has not built, built on a thread of its
-        own.  The launches are collected by running the forward's attention once per call on stand-in tensors of
-        the launches' dtypes, strides' alignment and sizes (the keys a single slot wide, broadcast over the plan's
-        kv_len), which is all that picks a build."""
+        own (`builds.start`).  The launches are collected by running the forward's attention once per call on
+        stand-in tensors of the launches' dtypes, strides' alignment and sizes (the keys a single slot wide,
+        broadcast over the plan's kv_len), which is all that picks a build; a prefill's causal runs are SDPA's,
+        not collected."""
         device = plan.q_slot.device
         if device.type != "cuda":
             return []
-        launches: list = []
-        _COLLECTING.launches = launches
-        try:
+        with builds.collecting() as launches:
             for call in calls:
                 query = torch.empty(1, plan.q_slot.numel(), call.heads, call.head_dim, dtype=call.dtype,
                                     device=device).transpose(1, 2)  # fmt: skip
                 kv = query.new_empty(1, call.kv_heads, 1, call.head_dim).expand(-1, -1, plan.kv_len, -1)
                 sinks = query.new_zeros(call.heads, dtype=torch.float32) if call.sinks else None
-                self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False)
-        finally:
-            del _COLLECTING.launches
-        futures = []
-        with torch.cuda.device(device):
-            for kernel, grid, args, kwargs in launches:
-                data = _specialization(kernel, grid, args, kwargs)  # None: built in this process
-                if data is not None and (device, data) not in _STARTED:  # Triton keeps a table per device
-                    _STARTED.add((device, data))
-                    futures.append(_BUILDERS.submit(_build, device, kernel, grid, args, kwargs))
-        return futures
+                if plan.runs and call.window is None and call.softcap is None and sinks is None:
+                    stream_attention(query, kv, kv, plan, plan.run_tiles)  # `_attend`'s launches, not its runs
+                else:
+                    self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False)
+        return builds.start(device, launches)
 
     def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
         return TritonStaticPlan(self, row, bucket)
@@ -327,7 +320,7 @@ def stream_attention(
             torch.cuda.current_stream(query.device).wait_stream(side)
         if splits > 1:  # only with tiles (`default_config`)
             block_d = max(16, triton.next_power_of_2(dim))
-            _run_kernel(
+            builds.run_kernel(
                 kernels.combine_splits, (triton.cdiv(n * heads, 16),),
                 part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
                 HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
@@ -367,45 +360,6 @@ def _attention_stream(device: torch.device) -> torch.cuda.Stream:
 _STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-_COLLECTING = threading.local()  # `launches`: while set, this thread's launches are collected, not made (`prebuild`)
-_STARTED: set[tuple] = set()  # (device, specialization data) of the builds `prebuild` started in this process
-_BUILDERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hf_parallel_build")
-
-
-def _run_kernel(kernel, grid, *args, **kwargs) -> None:
-    """`kernel[grid](*args, **kwargs)`, or its launch collected for `TritonBackend.prebuild`."""
-    launches = getattr(_COLLECTING, "launches", None)
-    if launches is None:
-        kernel[grid](*args, **kwargs)
-    else:
-        launches.append((kernel, grid, args, kwargs))
-
-
-def _specialization(kernel, grid, args, kwargs) -> str | None:
-    """The launch's specialization data (Triton's hook before a build hands it over and skips the build): a key of
-    the build, or None where this process has the kernel built already.  The warm-up also makes the kernel's
-    table for the device here, not on two build threads at once."""
-    me, found, previous = threading.get_ident(), [], triton.knobs.runtime.jit_cache_hook
-
-    def hook(*args, **kwargs):
-        if threading.get_ident() != me:  # another thread's build: as it would be without this hook
-            return previous(*args, **kwargs) if previous else None
-        found.append(kwargs["compile"]["specialization_data"])
-        return True
-
-    triton.knobs.runtime.jit_cache_hook = hook
-    try:
-        kernel.warmup(*args, grid=grid, **kwargs)
-    finally:
-        triton.knobs.runtime.jit_cache_hook = previous
-    return found[0] if found else None
-
-
-def _build(device: torch.device, kernel, grid, args, kwargs) -> None:
-    with torch.cuda.device(device):  # Triton builds for the thread's current device
-        kernel.warmup(*args, grid=grid, **kwargs)
-
-
 def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
             to_parts: bool, scaling: float, softcap: float | None, window: int | None, sinks,
             split_offset: int = 0) -> None:  # fmt: skip
@@ -414,7 +368,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
     _, heads, n, dim = query.shape
     ids = plan.ids
     interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
-    _run_kernel(
+    builds.run_kernel(
         kernels.stream_attention_fwd, (tiles.num_tiles, key.shape[1], cfg.num_splits),
         query, key, value, out, part_o, part_lse, sinks if sinks is not None else part_lse,
         plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end, ids.seg_stop,
