@@ -25,6 +25,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (ablation)
   pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write (ablation)
   pp_synced    pp_triton with the decode loop reading each step's live count at once, not one step late (ablation)
+  pp_every_dim_dynamic  pp_triton with the layers' compiled parts compiled with every dimension dynamic
+               (`dynamic=True`), not only the token count (ablation)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
                `gpu_kernel_check.py --own` in isolation (ablation)
@@ -60,7 +62,7 @@ from unittest import mock
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions, Session, projections
+from hf_parallel import GenerationOptions, Session, fusion, projections
 from hf_parallel import cache as packed_cache
 from hf_parallel import runner as runner_module
 from hf_parallel.attention import resolve_backend
@@ -142,6 +144,14 @@ def synced_steps():
     return mock.patch.object(runner_module, "LaggedCount", _SyncedCount)
 
 
+@contextlib.contextmanager
+def every_dim_dynamic():
+    """The layers' parts compiled with every dimension dynamic, their own graphs: the ablation of
+    `hf_parallel.fusion`'s static widths."""
+    with mock.patch.object(fusion, "DYNAMIC", True), mock.patch.object(fusion._Fused, "compiled", {}):
+        yield
+
+
 METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
     # context each run goes through (default: none)
     "pp_triton": (dict(attn="triton"), False),
@@ -162,6 +172,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
     "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
     "pp_synced": (dict(attn="triton"), False, synced_steps),
+    "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
 }
 
 

@@ -4,8 +4,13 @@ A decode step over 64 streams is mostly weight reads, yet eagerly each layer als
 kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, cast and scale), each a few
 microseconds even inside a CUDA graph.  Compiling the whole model fuses them but traces every layer
 (tens of seconds on a 7B model).  Here only a layer's norms are compiled: they hold no attention and no cache,
-and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class (the
-token count dynamic) and every layer reuses it.
+and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class and
+every layer reuses it.  Only the token count is a dynamic dimension: each call marks it (`_token_dims`), and the
+model's widths (hidden size, heads, head size) stay static, so Inductor's kernels index with constants.  With every
+dimension dynamic (`dynamic=True`) they divide by runtime sizes per element, and on the H200 ran 1.5-4x slower
+(the rotary embedding of 256 streams 9.7 against 4.2 us a layer on CodeLlama-7B's shape, of an 8k prefill 178
+against 66 us; docs/benchmarks.md).  A graph still compiles again where a call's strides differ from those it
+was compiled for (q and k as views of the grouped q|k|v projection: `projections.py`), with its strides dynamic.
 
 A part is fusable when it is a norm: no children, only 1-D parameters; or when it is the rotary embedding
 function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 
 OPTIONS = {"emulate_precision_casts": True}
+DYNAMIC = None  # torch.compile's `dynamic`: Dynamo's own choice, with the token count marked (`_token_dims`)
 RECOMPILE_LIMIT = 64  # graphs per compiled function (a whole-model step compiles at most three, a part one per
 # shape of its weights: a process that runs models of many shapes recompiles)
 
@@ -102,12 +108,14 @@ class _Fused:
         self.eager = module.forward if module is not None else function
         if self.key not in _Fused.compiled:  # Dynamo caches on the code, guards on shapes
             code = self.key.forward if module is not None else function
-            _Fused.compiled[self.key] = torch.compile(code, dynamic=True, options=OPTIONS)
+            _Fused.compiled[self.key] = torch.compile(code, dynamic=DYNAMIC, options=OPTIONS)
         self.fn = _Fused.compiled[self.key]
 
     def __call__(self, *args, **kwargs):
         key = self.key
         if key not in _Fused.failed:
+            for tensor, dim in _token_dims(self.module is None, args, kwargs):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
             try:
                 if self.module is None:
                     return self.fn(*args, **kwargs)
@@ -119,6 +127,21 @@ class _Fused:
                               "running it as it is", stacklevel=2)  # fmt: skip
                 _Fused.failed.add(key)
         return self.eager(*args, **kwargs)
+
+
+def _token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
+    """(tensor, dim) of the token count in a part's inputs, as Transformers lays them out: a norm's input [B, N, ...];
+    the rotary function's q and k [B, H, N, D] ([B, N, H, D] where it unsqueezes cos and sin at 2) and cos and sin
+    [B, N, D].  A dim guessed wrong only costs a graph: Dynamo makes a dimension that changes dynamic itself."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not rotary:
+        return [(tensors[0], 1 if tensors[0].dim() > 2 else 0)] if tensors else []
+    if len(tensors) < 4:
+        return []
+    q, k, cos, sin = tensors[:4]
+    head_first = kwargs.get("unsqueeze_dim", 1) == 1
+    return [(q, q.dim() - 2 if head_first else 1), (k, k.dim() - 2 if head_first else 1),
+            (cos, cos.dim() - 2), (sin, sin.dim() - 2)]  # fmt: skip
 
 
 @contextlib.contextmanager

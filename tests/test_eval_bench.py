@@ -246,6 +246,17 @@ def test_index_copy_writes_and_synced_steps_hold_only_inside_their_contexts():
     assert (cache.cache_write, runner.LaggedCount) == (kernel, lagged)
 
 
+def test_every_dim_dynamic_holds_only_inside_its_context():
+    """bench's `pp_every_dim_dynamic`: the layers' parts compiled with every dimension dynamic, into graphs of
+    their own (a compiled function cache of its own), only while its context holds."""
+    from hf_parallel import fusion
+
+    compiled = fusion._Fused.compiled
+    with bench.every_dim_dynamic():
+        assert fusion.DYNAMIC is True and fusion._Fused.compiled is not compiled
+    assert fusion.DYNAMIC is None and fusion._Fused.compiled is compiled
+
+
 def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
     eval_module("host_check").main(["--doc", "64", "--questions", "3", "--repeats", "1"])
     out = capsys.readouterr().out

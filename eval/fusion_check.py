@@ -1,0 +1,81 @@
+"""The layers' compiled parts (`hf_parallel/fusion.py`) with every dimension dynamic against only the token count.
+
+    python eval/fusion_check.py > results/gpu/fusion-widths-h200.log
+
+Transformers' Llama rotary embedding (`apply_rotary_pos_emb`) and an RMSNorm, each through `torch.compile` as
+fusion.py compiles them (`emulate_precision_casts`), on CodeLlama-7B's and Qwen2.5-7B's widths: first with
+`dynamic=True` (every dimension symbolic), then with Dynamo's default and the token count marked dynamic (the
+heads, head size and hidden size static), in a process reset between the two.  Each is timed (microseconds,
+`triton.testing.do_bench_cudagraph`) on an 8k-token prefill's q and k (tensors of their own) and on a decode
+step's of 256, 64 and 128 streams (views of one q|k|v projection, as `hf_parallel/projections.py` groups them),
+in that order, so the second graph is the one compiled again for the views' strides.  Prints a line per shape
+and way: the graphs compiled, then per input its time, the norm's time on [1, n, hidden] and the largest
+difference from the eager rotary embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+SHAPES = {"codellama": (32, 32, 128), "qwen": (28, 4, 128)}  # heads, KV heads, head size
+CASES = ((8192, False), (256, True), (64, True), (128, True))  # tokens, q and k views of one q|k|v output
+
+
+def rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rot(q, k, cos, sin):  # transformers' Llama apply_rotary_pos_emb
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+
+
+def rms(x, w):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return w * xf.to(x.dtype)
+
+
+def inputs(H, Hkv, D, n, strided):
+    if strided:
+        qkv = torch.randn(1, n, (H + 2 * Hkv) * D, device="cuda", dtype=torch.bfloat16)
+        q, k, _ = qkv.split([H * D, Hkv * D, Hkv * D], -1)
+    else:
+        q = torch.randn(1, n, H * D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, n, Hkv * D, device="cuda", dtype=torch.bfloat16)
+    q, k = q.view(1, n, H, D).transpose(1, 2), k.view(1, n, Hkv, D).transpose(1, 2)
+    cos = torch.randn(1, n, D, device="cuda", dtype=torch.bfloat16)
+    return q, k, cos, cos.clone()
+
+
+def main() -> None:
+    for name, (H, Hkv, D) in SHAPES.items():
+        for variant in ("dynamic=True", "token dim"):
+            torch._dynamo.reset()
+            before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            opts = {"emulate_precision_casts": True}
+            f = torch.compile(rot, dynamic=True if variant == "dynamic=True" else None, options=opts)
+            g = torch.compile(rms, dynamic=True if variant == "dynamic=True" else None, options=opts)
+            res = []
+            for n, strided in CASES:
+                q, k, c, s = inputs(H, Hkv, D, n, strided)
+                x = torch.randn(1, n, H * D, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(H * D, device="cuda", dtype=torch.bfloat16)
+                if variant != "dynamic=True":
+                    for t, d in ((q, 2), (k, 2), (c, 1), (s, 1), (x, 1)):
+                        torch._dynamo.mark_dynamic(t, d)
+                want = rot(q, k, c, s)
+                got = f(q, k, c, s)
+                err = max((a.float() - b.float()).abs().max().item() for a, b in zip(want, got))
+                g(x, w)
+                us_r = triton.testing.do_bench_cudagraph(lambda: f(q, k, c, s)) * 1e3  # noqa: B023 - called here
+                us_n = triton.testing.do_bench_cudagraph(lambda: g(x, w)) * 1e3  # noqa: B023
+                res.append(f"n={n}{'s' if strided else 'c'} rot {us_r:.1f}us norm {us_n:.1f}us err {err:.3g}")
+            graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+            print(name, variant, "graphs", graphs, "|", " | ".join(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
