@@ -114,9 +114,9 @@ class _Fused:
     def __call__(self, *args, **kwargs):
         key = self.key
         if key not in _Fused.failed:
-            for tensor, dim in _token_dims(self.module is None, args, kwargs):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
             try:
+                for tensor, dim in _token_dims(self.module is None, args, kwargs):
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
                 if self.module is None:
                     return self.fn(*args, **kwargs)
                 return self.fn(self.module, *args, **kwargs)
@@ -135,13 +135,15 @@ def _token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Ten
     [B, N, D].  A dim guessed wrong only costs a graph: Dynamo makes a dimension that changes dynamic itself."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not rotary:
-        return [(tensors[0], 1 if tensors[0].dim() > 2 else 0)] if tensors else []
-    if len(tensors) < 4:
-        return []
-    q, k, cos, sin = tensors[:4]
-    head_first = kwargs.get("unsqueeze_dim", 1) == 1
-    return [(q, q.dim() - 2 if head_first else 1), (k, k.dim() - 2 if head_first else 1),
-            (cos, cos.dim() - 2), (sin, sin.dim() - 2)]  # fmt: skip
+        dims = [(tensors[0], 1 if tensors[0].dim() > 2 else 0)] if tensors else []
+    elif len(tensors) >= 4:
+        q, k, cos, sin = tensors[:4]
+        head_first = kwargs.get("unsqueeze_dim", 1) == 1
+        dims = [(q, q.dim() - 2 if head_first else 1), (k, k.dim() - 2 if head_first else 1),
+                (cos, cos.dim() - 2), (sin, sin.dim() - 2)]  # fmt: skip
+    else:
+        dims = []
+    return [(t, d) for t, d in dims if 0 <= d < t.dim()]
 
 
 @contextlib.contextmanager

@@ -164,6 +164,22 @@ def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():
     assert _compiled_graphs() > before  # the rotary function again, for 8 heads of 8
 
 
+def test_the_token_dims_follow_transformers_layouts():
+    """`fusion._token_dims`: the token count's dim of a norm's input [B, N, ...] and of the rotary function's q and
+    k ([B, H, N, D], or [B, N, H, D] where it unsqueezes cos and sin at 2) and cos and sin [B, N, D]; nothing for
+    inputs it cannot place."""
+    from hf_parallel.fusion import _token_dims
+
+    hidden, heads = torch.zeros(1, 7, 16), torch.zeros(1, 7, 4, 8)
+    q, k, cos = torch.zeros(1, 4, 7, 8), torch.zeros(1, 2, 7, 8), torch.zeros(1, 7, 8)
+    dims = lambda found: [(t.shape, d) for t, d in found]  # noqa: E731
+    assert dims(_token_dims(False, (hidden,), {})) == [(hidden.shape, 1)]
+    assert dims(_token_dims(False, (heads,), {})) == [(heads.shape, 1)]  # a per-head norm (Qwen3's q_norm)
+    assert dims(_token_dims(True, (q, k, cos, cos), {})) == [(q.shape, 2), (k.shape, 2), (cos.shape, 1), (cos.shape, 1)]
+    assert [d for _, d in _token_dims(True, (heads, heads, cos, cos), {"unsqueeze_dim": 2})] == [1, 1, 1, 1]
+    assert _token_dims(False, (torch.tensor(1.0),), {}) == [] and _token_dims(True, (q, k), {}) == []
+
+
 def test_a_rotary_function_given_a_hub_kernel_is_left_alone(monkeypatch):
     """Where `kernels` is installed the rotary function is its module: fused while it runs as written, left alone
     once `kernelize` gives it (or an attention module's copy) a forward of its own."""
