@@ -4,7 +4,8 @@
 
 Prompts are one random document followed by a short random question each; the model is a tiny random Llama with
 a 32k vocabulary (the checks read only its config).  Prints the best of `--repeats` times of `generate_tokens`'
-input preparation (ids, lengths, generate's lists) and of `build_layout`.
+input preparation (ids, lengths, generate's lists, and the prefix tree, over which the ids are checked against the
+vocabulary) and of `build_layout` alone.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from .attention import AttentionBackend, resolve_backend
 from .budget import RowBudget, row_budget, too_large
 from .engine import RefillEngine
-from .inputs import as_token_lists, check_length, check_tokens
+from .inputs import as_token_lists, check_length, check_tokens, in_vocabulary
 from .layout import Layout, build_layout
 from .options import GenerationOptions
 from .rowlayout import Forest
@@ -70,6 +70,7 @@ class _Call:
     support: Support
     backend: AttentionBackend
     session: Session | None
+    layout: Layout | None  # the streams' prefix tree (None: no streams)
 
     @classmethod
     @torch.inference_mode()
@@ -79,18 +80,26 @@ class _Call:
         opts = GenerationOptions.resolve(model, **options)
         budgets = []  # new tokens each prompt may get (generate's max_length - prompt length)
         for i, prompt in enumerate(prompts):
-            check_tokens(model, f"prompt {i}", prompt)
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
             budgets.append(opts.request.prepare(model, prompt).budget)  # generate's lists, captured before any work
             check_length(model, f"prompt {i}", prompt, budgets[-1])
+        streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
+        room = max(budgets, default=1)
+        layout = build_layout(streams, room) if streams else None
+        # the ids checked once each where prompts share them (a document's once, not once per question); where one
+        # is outside the vocabulary, each prompt's are checked in turn, so that the error names the first such prompt
+        if layout is not None and not in_vocabulary(model, [seg.tokens for seg in layout.segments]):
+            for i, prompt in enumerate(prompts):
+                check_tokens(model, f"prompt {i}", prompt)
         support = check_support(model) if prompts else None
         backend = resolve_backend(opts.attn, model.device)
-        streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
-        return cls(model, streams, max(budgets, default=1), opts, support, backend, session)
+        return cls(model, streams, room, opts, support, backend, session, layout)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
         if not self.streams:
             return
-        layout = build_layout(self.streams, self.room)
+        layout = self.layout
         chunk = self.opts.prefill_chunk_for(self.backend)
         kept = self.session.row_bytes() if self.session is not None else 0
         budget = row_budget(self.model, self.support, chunk, self.opts.max_memory, len(self.streams), kept)

@@ -66,6 +66,12 @@ def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int
     check_length(model, name, tokens, room)
 
 
+def in_vocabulary(model: PreTrainedModel, pieces: list[list[int]]) -> bool:
+    """Whether every id of `pieces` lies in the model's vocabulary (`check_tokens`' rule, without its error)."""
+    vocab = model.config.get_text_config().vocab_size
+    return all(min(piece) >= 0 and max(piece) < vocab for piece in pieces if piece)
+
+
 def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
     """Refuse `len(tokens) + room` past the model's positions (`check_tokens` without the ids)."""
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
