@@ -58,16 +58,16 @@ def _is_int(value) -> bool:
 
 def check_tokens(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
     """Refuse an empty sequence, ids outside the vocabulary, and `len(tokens) + room` past the model's positions."""
-    vocab = model.config.get_text_config().vocab_size
     if len(tokens) == 0:
         raise ValueError(f"{name} is empty")
-    if min(tokens) < 0 or max(tokens) >= vocab:
+    if not in_vocabulary(model, [tokens]):
+        vocab = model.config.get_text_config().vocab_size
         raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab})")
     check_length(model, name, tokens, room)
 
 
 def in_vocabulary(model: PreTrainedModel, pieces: list[list[int]]) -> bool:
-    """Whether every id of `pieces` lies in the model's vocabulary (`check_tokens`' rule, without its error)."""
+    """Whether every id of `pieces` lies in the model's vocabulary [0, vocab_size)."""
     vocab = model.config.get_text_config().vocab_size
     return all(min(piece) >= 0 and max(piece) < vocab for piece in pieces if piece)
 
