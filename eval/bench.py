@@ -62,7 +62,7 @@ from unittest import mock
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions, Session, fusion, projections
+from hf_parallel import GenerationOptions, Session, fusion, generate_tokens, projections
 from hf_parallel import cache as packed_cache
 from hf_parallel import runner as runner_module
 from hf_parallel.attention import resolve_backend
@@ -225,18 +225,21 @@ def timed(fn) -> tuple[float, object]:
 
 def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bool = False,
              session: Session | None = None) -> list[list[int]]:  # fmt: skip
-    """`generate_tokens` through its Runner, so the benchmark's ablations (the layout, the backend) can be set;
-    a `Session` keeps the row (and its captured steps) between the warm-up and the timed runs."""
+    """`generate_tokens` as a user calls it, its input checks and memory plan included (the interleaved layout, an
+    ablation it does not take, through its Runner); a `Session` keeps the row (and its captured steps) between the
+    warm-up and the timed runs."""
     options = dict(options)
     fuse_rotary = options.pop("fuse_rotary", True)
-    opts = GenerationOptions.resolve(model, max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192,
-                                     **options)  # fmt: skip
-    layout = build_layout(prompts, max_new_tokens, interleaved)
+    options.update(max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192, progress=False)
     support = check_support(model)
     parts = support.fusable
     if not fuse_rotary:  # the ablation: the norms compiled, the rotary embedding as the model runs it
         support.fusable = [p for p in parts if not p.startswith(FUNCTION)]
     try:
+        if not interleaved:
+            return generate_tokens(model, prompts, session=session, **options)
+        opts = GenerationOptions.resolve(model, **options)
+        layout = build_layout(prompts, max_new_tokens, interleaved)
         return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), session=session).run()
     finally:
         support.fusable = parts
