@@ -123,9 +123,11 @@ class TritonBackend(AttentionBackend):
         return self._attend(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks, overlap), None
 
     @staticmethod
-    def _attend(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap) -> torch.Tensor:
+    def _attend(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap,
+                runs: bool = True) -> torch.Tensor:  # fmt: skip
+        """The layer's attention over `plan` (runs=False: its causal runs left out, so only the kernel's launches)."""
         if plan.runs and window is None and softcap is None and sinks is None:
-            return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs)
+            return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
         return stream_attention(query, key, value, plan, plan.tiles, scaling, window, softcap, sinks,
                                 own=plan.own_tiles, overlap=overlap)  # fmt: skip
 
@@ -154,10 +156,7 @@ class TritonBackend(AttentionBackend):
                                     device=device).transpose(1, 2)  # fmt: skip
                 kv = query.new_empty(1, call.kv_heads, 1, call.head_dim).expand(-1, -1, plan.kv_len, -1)
                 sinks = query.new_zeros(call.heads, dtype=torch.float32) if call.sinks else None
-                if plan.runs and call.window is None and call.softcap is None and sinks is None:
-                    stream_attention(query, kv, kv, plan, plan.run_tiles)  # `_attend`'s launches, not its runs
-                else:
-                    self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False)
+                self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False, runs=False)
         return builds.start(device, launches)
 
     def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
