@@ -42,7 +42,7 @@ def _as_ids(name: str, seq) -> list[int]:
         return seq.tolist()
     if isinstance(seq, (str, bytes)) or not isinstance(seq, Sequence):
         raise TypeError(f"{name} must be a list of token ids, got {type(seq).__name__} (tokenize text first)")
-    if set(map(type, seq)) == {int}:  # the common case, in C and without the ABC checks (bool is not int's type)
+    if list(map(type, seq)).count(int) == len(seq):  # the common case, in C, no ABC checks (bool is not int's type)
         return list(seq)
     for t in seq:
         if not _is_int(t):

@@ -208,6 +208,7 @@ def test_options_of_the_wrong_type_are_named(llama, options, error, match):
     (torch.tensor([3, 4, 5]), "got a 1-D tensor"),
     ([[3, 4.5]], r"prompts\[0\] must hold integer token ids, got float"),
     ([[3, None]], r"prompts\[0\] must hold integer token ids, got NoneType"),
+    ([[3, 4], [3, True]], r"prompts\[1\] must hold integer token ids, got bool"),
     (7, "prompts must be a list of token-id lists, got int"),
 ])  # fmt: skip
 def test_prompts_of_the_wrong_type_are_named(llama, prompts, match):
