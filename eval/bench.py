@@ -23,6 +23,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
   pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (ablation)
+  pp_prefill_apart  pp_triton with a prefill chunk's q, k and v each a tensor of its own, not columns of one
+               output (ablation)
   pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write (ablation)
   pp_synced    pp_triton with the decode loop reading each step's live count at once, not one step late (ablation)
   pp_every_dim_dynamic  pp_triton with the layers' compiled parts compiled with every dimension dynamic
@@ -113,6 +115,20 @@ def ungrouped():
     return mock.patch.object(projections, "SIBLINGS", ())
 
 
+def prefill_apart():
+    """A prefill chunk's q, k and v (an input wider than `projections.MOST_ROWS`) each a tensor of its own, not
+    columns of one output: the ablation of `projections._Group.outputs`' writes (the rotary embedding then compiles
+    a second graph, for the decode steps' strides)."""
+    outputs = projections._Group.outputs
+
+    def apart(self, x):
+        if x.numel() <= projections.MOST_ROWS * x.shape[-1]:
+            return outputs(self, x)
+        return [torch.nn.functional.linear(x, m.weight, m.bias) for m in self.members]
+
+    return mock.patch.object(projections._Group, "outputs", apart)
+
+
 @contextlib.contextmanager
 def every_block_masked():
     """The kernel masking every KV block, the ones every row sees whole too: the ablation of
@@ -170,6 +186,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
     "pp_every_block_masked": (dict(attn="triton"), False, every_block_masked),
     "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
+    "pp_prefill_apart": (dict(attn="triton"), False, prefill_apart),
     "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
     "pp_synced": (dict(attn="triton"), False, synced_steps),
     "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
@@ -540,8 +557,8 @@ def plot(results: list[dict], path: Path) -> None:
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
-                           "pp_own_launch_wide", "pp_every_block_masked", "pp_ungrouped", "pp_unfused", "pp_norms_only",
-                           "pp_triton", "pp_triton_compiled", "roofline"]
+                           "pp_own_launch_wide", "pp_every_block_masked", "pp_ungrouped", "pp_prefill_apart",
+                           "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled", "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

@@ -13,7 +13,10 @@ tokens, random bf16 weights of the shape), each timed; the first call's overhead
 the others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread, those on
 threads beside it, and Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.
 `--no-prebuild` measures with every kernel built at its first launch, on the calling thread, not on threads
-before it (`Runner.prebuild_prefill` and `Runner.prebuild_step`); `--profile N` adds the
+before it (`Runner.prebuild_prefill` and `Runner.prebuild_step`); `--no-early-import` with Inductor's compiler
+imported at the first `torch.compile`, not beside the support probe (`fusion.import_compiler`); `--prefill-apart`
+with a prefill chunk's q, k and v each a tensor of its own (bench's `pp_prefill_apart`: the rotary embedding
+compiles a second graph, for the decode steps' strides); `--profile N` adds the
 first call's cProfile (top N functions by cumulative time; it slows Python-heavy work).
 
 The first call imports Inductor, so it also pays Python's compilation of Inductor's modules to bytecode where no
@@ -56,6 +59,14 @@ def one_process(args) -> dict:
 
         Runner.prebuild_prefill = lambda self, chunks: []
         Runner.prebuild_step = lambda self: []
+    if args.no_early_import:  # the ablation: Inductor's compiler imported at the first torch.compile, not beside
+        from hf_parallel import generation  # the support probe
+
+        generation.import_compiler = lambda: None
+    if args.prefill_apart:  # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)
+        from eval.bench import prefill_apart
+
+        prefill_apart().start()
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
     work = Workload("first call", args.doc, args.questions, args.answer_tokens)
@@ -81,7 +92,8 @@ def one_process(args) -> dict:
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     steady = min(times[1:])
     return dict(model=args.model, doc=args.doc, questions=args.questions, answer_tokens=args.answer_tokens,
-                compile=compiled, prebuild=not args.no_prebuild, call_s=[round(t, 3) for t in times],
+                compile=compiled, prebuild=not args.no_prebuild, early_import=not args.no_early_import,
+                prefill_apart=args.prefill_apart, call_s=[round(t, 3) for t in times],
                 steady_s=round(steady, 3),
                 first_call_overhead_s=round(times[0] - steady, 3), compiled_graphs=graphs, first_call_builds=builds,
                 device=torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
@@ -107,6 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-prebuild", action="store_true",
                         help="the ablation: build each kernel at its first launch, not on threads before it "
                              "(`Runner.prebuild_prefill`, `Runner.prebuild_step`)")  # fmt: skip
+    parser.add_argument("--no-early-import", action="store_true",
+                        help="the ablation: import Inductor's compiler at the first torch.compile, not on a thread "
+                             "beside the support probe (`fusion.import_compiler`)")  # fmt: skip
+    parser.add_argument("--prefill-apart", action="store_true",
+                        help="the ablation: a prefill chunk's q, k and v each a tensor of its own, not columns "
+                             "of one output (`projections._Group.outputs`): rotary compiles twice")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -119,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
                str(args.calls), "--device", args.device, "--profile", str(args.profile)]  # fmt: skip
         cmd += ["--book", str(args.book)] if args.book else []
         cmd += ["--no-prebuild"] if args.no_prebuild else []
+        cmd += ["--no-early-import"] if args.no_early_import else []
+        cmd += ["--prefill-apart"] if args.prefill_apart else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         row = (

@@ -10,7 +10,8 @@ model's widths (hidden size, heads, head size) stay static, so Inductor's kernel
 dimension dynamic (`dynamic=True`) they divide by runtime sizes per element, and on the H200 ran 1.5-4x slower
 (the rotary embedding of 256 streams 9.7 against 4.2 us a layer on CodeLlama-7B's shape, of an 8k prefill 178
 against 66 us; docs/benchmarks.md).  A graph still compiles again where a call's strides differ from those it
-was compiled for (q and k as views of the grouped q|k|v projection: `projections.py`), with its strides dynamic.
+was compiled for, with its strides dynamic: where a GPU groups the q|k|v projection (`projections.py`), a prefill
+chunk's q and k are column slices of one output as a decode step's are, so the rotary function compiles once.
 
 A part is fusable when it is a norm: no children, only 1-D parameters; or when it is the rotary embedding
 function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
@@ -27,8 +28,10 @@ graph added about 5 s to the first call.  Inductor emulates eager's rounding aft
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import sys
+import threading
 import types
 import warnings
 
@@ -47,6 +50,33 @@ def recompile_limit(limit: int):
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     return config.patch(**{name: max(getattr(config, name), limit)})
+
+
+COMPILER = "torch._inductor.compile_fx"  # what `torch.compile`'s first use imports: about a second of Python
+_importing: list[threading.Thread] = []  # the thread importing it, once per process
+
+
+def import_compiler() -> None:
+    """Start importing Inductor's compiler on a thread of its own, once per process, where it is not imported yet.
+
+    A call that will compile starts it before its support probe, whose first forward on a GPU takes a second or
+    more, much of it in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
+    `torch.compile` (0.4-0.5 s off a first call on the H200, docs/benchmarks.md)."""
+    if not _importing and COMPILER not in sys.modules:
+        _importing.append(threading.Thread(target=_import, args=(COMPILER,), name="hf_parallel-import", daemon=True))
+        _importing[0].start()
+
+
+def _import(name: str) -> None:
+    with contextlib.suppress(Exception):  # an import that fails here fails again, and is reported, where it is used
+        importlib.import_module(name)
+
+
+def compiler_imported() -> None:
+    """Wait for `import_compiler`'s thread, if any: the compiler's packages import one another, and two threads
+    importing them at once could each wait for a module the other is importing."""
+    if _importing:
+        _importing[0].join()
 
 
 ROTARY = "apply_rotary_pos_emb"  # the name every modeling file that copies Llama's attention gives it
@@ -107,6 +137,7 @@ class _Fused:
         self.name = type(module).__name__ if module is not None else name
         self.eager = module.forward if module is not None else function
         if self.key not in _Fused.compiled:  # Dynamo caches on the code, guards on shapes
+            compiler_imported()
             code = self.key.forward if module is not None else function
             _Fused.compiled[self.key] = torch.compile(code, dynamic=DYNAMIC, options=OPTIONS)
         self.fn = _Fused.compiled[self.key]

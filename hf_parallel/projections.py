@@ -9,8 +9,10 @@ in_features], and its members' parameters become row slices of it (the same obje
 `save_pretrained` saves disjoint slices as tensors of their own), once: later calls find them adjacent and view
 the whole.  For the block, the first member called computes every member's output in one GEMM and each later
 member takes its own; a member called on another input, or a second time, runs the group's GEMM again, so every
-call returns exactly its own output.  Inputs of more than `MOST_ROWS` rows (a prefill chunk) and compiled code
-run each member's own GEMM.
+call returns exactly its own output.  An input of more than `MOST_ROWS` rows (a prefill chunk) runs each member's
+own GEMM, whose output fills its columns of one tensor, so that its outputs are strided as a narrow input's: a function
+compiled downstream (the rotary embedding, `fusion.py`) then compiles one graph for both, not a second one for other
+strides (about 1 s of a first call on the H200, docs/benchmarks.md).  Compiled code runs each member's `F.linear`.
 """
 
 from __future__ import annotations
@@ -45,17 +47,34 @@ class _Group:
         self.pending: tuple[torch.Tensor, list] | None = None  # (input, the members' outputs not yet taken)
 
     def output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Member `index`'s output on `x`: from the pending GEMM on the same input, else from a new one."""
-        if torch.compiler.is_compiling() or x.numel() > MOST_ROWS * x.shape[-1]:
+        """Member `index`'s output on `x`: from the pending GEMMs on the same input, else from new ones."""
+        if torch.compiler.is_compiling():
             member = self.members[index]
             return F.linear(x, member.weight, member.bias)
         if self.pending is None or self.pending[0] is not x or self.pending[1][index] is None:
-            self.pending = (x, list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)))
+            self.pending = (x, self.outputs(x))
         outputs = self.pending[1]
         out, outputs[index] = outputs[index], None
         if all(o is None for o in outputs):
             self.pending = None
         return out
+
+    def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's output on `x`, each a column slice of one [..., O] tensor: one GEMM over the group's
+        weight, or for an input of more than `MOST_ROWS` rows each member's own GEMM into its columns (with biases,
+        into a tensor of its own, then copied there)."""
+        if x.numel() <= MOST_ROWS * x.shape[-1]:
+            return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+        if self.bias is not None or x.dtype != self.weight.dtype or torch.is_autocast_enabled(x.device.type):
+            # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and on the H200
+            # 7-70% slower than `F.linear` on Qwen2.5-7B's q|k|v; with the copy into one output, 392-446 against 386
+            # us a layer at 8k rows (eval/prefill_qkv_check.py).  (`out=` takes no casts either.)
+            return list(torch.cat([F.linear(x, m.weight, m.bias) for m in self.members], dim=-1).split(self.sizes, -1))
+        out = x.new_empty(*x.shape[:-1], sum(self.sizes))
+        rows, columns = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]).split(self.sizes, dim=-1)
+        for member, cols in zip(self.members, columns):  # cuBLAS writes a column slice in place (its row stride)
+            torch.mm(rows, member.weight.t(), out=cols)
+        return list(out.split(self.sizes, dim=-1))
 
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor | None:

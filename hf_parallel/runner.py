@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from . import builds, cache
 from .attention import AttentionBackend
-from .fusion import RECOMPILE_LIMIT, recompile_limit
+from .fusion import RECOMPILE_LIMIT, compiler_imported, recompile_limit
 from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
@@ -154,8 +154,8 @@ class Runner:
         """The prefill's forwards: each chunk of `prefill_chunk` prompt slots in slot order, its token ids, its plan."""
         slots, tokens, _ = self.layout.prompt_slots()
         size = self.opts.prefill_chunk_for(self.backend)
-        return [(slots[i : i + size], tokens[i : i + size], self.plan(slots[i : i + size].to(self.device)))
-                for i in range(0, len(slots), size)]  # fmt: skip
+        pairs = zip(slots.split(size), tokens.split(size))
+        return [(chunk, ids, self.plan(chunk.to(self.device))) for chunk, ids in pairs]
 
     def prefill(self, chunks: list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]] | None = None) -> torch.Tensor:
         """Run every prompt token once (`chunks`: `prefill_chunks`, by default made here); logits [P, V] at each
@@ -290,6 +290,7 @@ def _compiled_model_call():
     """Dynamo's automatic dynamic shapes: the first live count compiles static, the second recompiles with the
     token count symbolic, and that graph serves every later count but one (sizes 0 and 1 specialize), so a call
     whose streams stop one by one compiles at most three graphs, not one per bucket."""
+    compiler_imported()
     return torch.compile(_call_model, dynamic=None)
 
 

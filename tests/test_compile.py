@@ -9,7 +9,11 @@ live counts it has (the token count is a dynamic dimension after the first recom
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 from hf_parallel import generate_tokens
+from hf_parallel.projections import MOST_ROWS
 from hf_parallel.support import check_support
 
 from .conftest import _COMMON, ARCHITECTURES, generate_alone, random_tokens, tiny_model
@@ -140,6 +145,45 @@ def test_layer_parts_match_generate_and_compile_once_for_every_layer():
     before = _compiled_graphs()
     generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], compile="layers")
     assert _compiled_graphs() == before
+
+
+def test_a_wide_prefill_chunk_and_the_steps_share_the_rotary_graph():
+    """A prefill chunk wider than `projections.MOST_ROWS` and the decode steps hand the rotary function q and k of
+    one stride pattern (where a GPU groups the projections, column slices of one output), so a call compiles one
+    graph for the norm class and one for the rotary function, not a second for other strides."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(**{**_COMMON, "max_position_embeddings": 512}, intermediate_size=128,
+                                      num_key_value_heads=2)  # fmt: skip
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = transformers.AutoModelForCausalLM.from_config(config).eval().to(device)  # q, k and v with biases
+    gen = torch.Generator().manual_seed(8)
+    doc = random_tokens(MOST_ROWS + 40, gen)
+    prompts = [doc + random_tokens(2 + i, gen) for i in range(3)]
+    before = _compiled_graphs()
+    got = generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[], compile="layers")
+    assert got == [generate_alone(model, p, 4, None) for p in prompts]
+    assert _compiled_graphs() - before == 2
+
+
+def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
+    """In a process that has not imported Inductor's compiler (about a second of Python), a call that will compile
+    starts importing it on a thread before its support probe, whose first forward on a GPU runs mostly without
+    Python's lock, and waits for it before compiling."""
+    code = textwrap.dedent("""
+        import sys
+        from hf_parallel import fusion, generate_tokens, support
+        from tests.conftest import tiny_model
+        assert fusion.COMPILER not in sys.modules
+        seen, probe = [], support._probe
+        support._probe = lambda model: seen.append([t.name for t in fusion._importing]) or probe(model)
+        got = generate_tokens(tiny_model("llama"), [[5, 6, 7], [5, 6, 8]], max_new_tokens=2, compile="layers")
+        assert seen == [["hf_parallel-import"]], seen
+        assert fusion.COMPILER in sys.modules and not fusion._importing[0].is_alive()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():

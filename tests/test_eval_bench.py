@@ -258,6 +258,37 @@ def test_every_dim_dynamic_holds_only_inside_its_context():
     assert fusion.DYNAMIC is None and fusion._Fused.compiled is compiled
 
 
+def test_prefill_apart_gives_a_wide_inputs_members_outputs_of_their_own_only_inside_its_context():
+    """bench's `pp_prefill_apart`: a prefill chunk's q, k and v are tensors of their own (the same values), not
+    columns of one output, only while its context holds; a narrow input's stay columns either way."""
+    from hf_parallel.projections import MOST_ROWS, _Group
+
+    model = tiny_model("qwen2")
+    attn = model.model.layers[0].self_attn
+    group = _Group([attn.q_proj, attn.k_proj, attn.v_proj])
+    wide, narrow = torch.randn(1, MOST_ROWS + 1, model.config.hidden_size), torch.randn(1, 4, model.config.hidden_size)
+    with torch.no_grad():
+        joined = group.outputs(wide)
+        with bench.prefill_apart():
+            apart, still = group.outputs(wide), group.outputs(narrow)
+        again = group.outputs(wide)
+    assert [o.is_contiguous() for o in apart] == [True] * 3 and not any(o.is_contiguous() for o in joined + still)
+    assert not any(o.is_contiguous() for o in again)
+    for a, j in zip(apart, joined):
+        torch.testing.assert_close(a, j, atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_qkv_check_finds_a_wide_inputs_columns_equal_to_their_own_gemms(tmp_path):
+    from hf_parallel.projections import MOST_ROWS
+
+    out = tmp_path / "qkv.json"
+    eval_module("prefill_qkv_check").main(["--models", "tiny", "--rows", str(MOST_ROWS + 1), "--reps", "1",
+                                           "--device", "cpu", "--out", str(out)])  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["rows"] == MOST_ROWS + 1 and row["bitwise_equal"] is True
+    assert len(row["us_columns_of_one"]) == len(row["us_tensors_of_their_own"]) == 2
+
+
 def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
     eval_module("host_check").main(["--doc", "64", "--questions", "3", "--repeats", "1"])
     out = capsys.readouterr().out

@@ -21,14 +21,14 @@ TOLERANCE = 1e-5
 
 
 class _Linears(TorchFunctionMode):
-    """Counts the block's linear layers (`F.linear` calls)."""
+    """Counts the block's GEMMs (`F.linear`, `torch.mm` and `torch.addmm` calls)."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += func is F.linear
+        self.count += func in (F.linear, torch.mm, torch.addmm)
         return func(*args, **(kwargs or {}))
 
 
@@ -46,12 +46,33 @@ def test_grouped_forward_is_the_plain_forward_with_fewer_gemms(arch):
     torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=TOLERANCE)
 
 
-def test_a_wide_input_runs_each_members_own_gemm():
-    model = tiny_model("llama")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_wide_input_runs_each_members_own_gemm_into_one_output(arch):
+    model = tiny_model(arch)
     ids = torch.randint(3, model.config.vocab_size, (1, MOST_ROWS + 1))
+    with torch.no_grad(), _Linears() as plain:
+        want = model(ids).logits
     with torch.no_grad(), grouped(model), _Linears() as linears:
-        model(ids)
-    assert linears.count == model.config.num_hidden_layers * 7 + 1
+        got = model(ids).logits
+    assert linears.count == plain.count == model.config.num_hidden_layers * 7 + 1
+    torch.testing.assert_close(got, want, atol=TOLERANCE, rtol=TOLERANCE)
+
+
+@pytest.mark.parametrize("rows", [5, MOST_ROWS + 1])
+def test_members_outputs_are_strided_as_one_output_at_any_width(rows):
+    """Wide or narrow, q, k and v are column slices of one output (so a compiled rotary embedding sees one stride
+    pattern and compiles once), each equal to the member's own GEMM."""
+    model = tiny_model("qwen2")
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(1, rows, model.config.hidden_size)
+    members = attn.q_proj, attn.k_proj, attn.v_proj
+    width = sum(m.out_features for m in members)
+    with torch.no_grad(), grouped(model):
+        got = [m(x) for m in members]
+    for m, out in zip(members, got):
+        assert out.stride() == (rows * width, width, 1)
+        torch.testing.assert_close(out, F.linear(x, m.weight, m.bias), atol=TOLERANCE, rtol=TOLERANCE)
+    assert got[1].data_ptr() - got[0].data_ptr() == attn.q_proj.out_features * x.element_size()
 
 
 def test_parameters_keep_their_objects_values_and_names():
