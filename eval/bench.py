@@ -27,6 +27,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
                output (ablation)
   pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write (ablation)
   pp_synced    pp_triton with the decode loop reading each step's live count at once, not one step late (ablation)
+  pp_prefill_synced  pp_triton with the host waiting for each prefill forward before launching the next, not
+               launching them all with their inputs readied on the device first (ablation)
   pp_every_dim_dynamic  pp_triton with the layers' compiled parts compiled with every dimension dynamic
                (`dynamic=True`), not only the token count (ablation)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
@@ -160,6 +162,20 @@ def synced_steps():
     return mock.patch.object(runner_module, "LaggedCount", _SyncedCount)
 
 
+def prefill_synced():
+    """The host waits for each prefill forward before launching the next (as a copy from the host between chunks
+    makes it): the ablation of `Runner.prefill_chunks` readying every chunk's tensors on the device first."""
+    forward = runner_module.Runner.forward
+
+    def synced(self, plan, tokens, keep, step=False):
+        out = forward(self, plan, tokens, keep, step)
+        if not step:
+            torch.cuda.synchronize(self.device)
+        return out
+
+    return mock.patch.object(runner_module.Runner, "forward", synced)
+
+
 @contextlib.contextmanager
 def every_dim_dynamic():
     """The layers' parts compiled with every dimension dynamic, their own graphs: the ablation of
@@ -189,6 +205,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_prefill_apart": (dict(attn="triton"), False, prefill_apart),
     "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
     "pp_synced": (dict(attn="triton"), False, synced_steps),
+    "pp_prefill_synced": (dict(attn="triton"), False, prefill_synced),
     "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
 }
 
@@ -558,7 +575,8 @@ def plot(results: list[dict], path: Path) -> None:
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
                            "pp_own_launch_wide", "pp_every_block_masked", "pp_ungrouped", "pp_prefill_apart",
-                           "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled", "roofline"]
+                           "pp_prefill_synced", "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled",
+                           "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 5))
     width = 0.8 / len(methods)

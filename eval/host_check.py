@@ -1,11 +1,14 @@
-"""Host time before a call's first forward: the input checks and the prefix tree, on the CPU.
+"""Host time before a call's first forward: the input checks, the prefix tree and the model's walks, on the CPU.
 
     python eval/host_check.py --doc 8192 --questions 64 256
 
 Prompts are one random document followed by a short random question each; the model is a tiny random Llama with
-a 32k vocabulary (the checks read only its config).  Prints the best of `--repeats` times of `generate_tokens`'
-input preparation (ids, lengths, generate's lists, and the prefix tree, over which the ids are checked against the
-vocabulary) and of `build_layout` alone.
+a 32k vocabulary and `--layers` layers (the checks read only its config and its module tree: 32 layers have a 7B
+Llama's modules).  Prints the best of `--repeats` times of `generate_tokens`' input preparation (the model's
+checks, ids, lengths, generate's lists, and the prefix tree, over which the ids are checked against the vocabulary)
+and of `build_layout` alone; and of the walks over the model's modules a call makes before its first forward: its
+placement (`Runner`'s), the sibling projections (`projections.sibling_groups`, where a GPU runs the model) and
+`check_model`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_parallel import generation  # noqa: E402
+from hf_parallel import generation, placement, projections, support  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
 
 
@@ -33,10 +36,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--doc", type=int, default=8192)
     parser.add_argument("--questions", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=32)
     args = parser.parse_args(argv)
-    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
-                                      intermediate_size=128, max_position_embeddings=args.doc + 1024)  # fmt: skip
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=64, num_hidden_layers=args.layers,
+                                      num_attention_heads=4, intermediate_size=128,
+                                      max_position_embeddings=args.doc + 1024)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    walks = {"placement": placement.placement, "sibling groups": projections.sibling_groups,
+             "check_model": support.check_model}  # fmt: skip
+    print(f"{args.layers} layers: " + ", ".join(f"{name} {best_of(lambda f=f: f(model), args.repeats) * 1e3:.1f} ms"
+                                               for name, f in walks.items()))  # fmt: skip
     rng = random.Random(0)
     doc = [rng.randrange(config.vocab_size) for _ in range(args.doc)]
     for n in args.questions:

@@ -182,29 +182,32 @@ def _assign_slots(layout: Layout) -> None:
             continue
         seg.slot_start = slot
         slot += seg.length
-    answer_slots = torch.empty(layout.num_prompts, n_new, dtype=torch.int64)
-    for p, a in enumerate(layout.answer_segs):
-        if layout.interleaved:
+    steps = torch.arange(n_new)
+    if layout.interleaved:
+        for a in layout.answer_segs:
             segs[a].slot_start = -1
-            answer_slots[p] = slot + p + layout.num_prompts * torch.arange(n_new)
-        else:
-            answer_slots[p] = segs[a].slot_start + torch.arange(n_new)
+        answer_slots = slot + torch.arange(layout.num_prompts)[:, None] + layout.num_prompts * steps
+    else:
+        answer_slots = torch.tensor([segs[a].slot_start for a in layout.answer_segs])[:, None] + steps
     layout.num_slots = slot + (layout.num_prompts * n_new if layout.interleaved else 0)
     _fill_slot_ids(layout, answer_slots)
 
 
 def _fill_slot_ids(layout: Layout, answer_slots: torch.Tensor) -> None:
+    """Each slot's segment and position: a prompt segment's tokens from its depth on, an answer's from its prompt's
+    length on (whole tensors, not one op per segment: a call may hold thousands)."""
     slot_seg = torch.full((layout.num_slots,), -1, dtype=torch.int32)
     slot_pos = torch.zeros(layout.num_slots, dtype=torch.int32)
-    for i, seg in enumerate(layout.segments):
-        if seg.tokens:
-            slot_seg[seg.slot_start : seg.slot_start + len(seg.tokens)] = i
-            slot_pos[seg.slot_start : seg.slot_start + len(seg.tokens)] = torch.arange(
-                seg.depth, seg.depth + len(seg.tokens), dtype=torch.int32
-            )
-    for p, a in enumerate(layout.answer_segs):
-        slot_seg[answer_slots[p]] = a
-        slot_pos[answer_slots[p]] = layout.prompt_lens[p] + torch.arange(layout.max_new_tokens, dtype=torch.int32)
+    prompt_segs = [(i, seg) for i, seg in enumerate(layout.segments) if seg.tokens]
+    lengths = torch.tensor([len(seg.tokens) for _, seg in prompt_segs], dtype=torch.int64)
+    firsts = torch.tensor([[seg.slot_start, seg.depth, i] for i, seg in prompt_segs], dtype=torch.int64)
+    firsts = firsts.reshape(-1, 3).repeat_interleave(lengths, dim=0)  # per prompt token: its segment's
+    offsets = torch.arange(len(firsts)) - (lengths.cumsum(0) - lengths).repeat_interleave(lengths)
+    slot_seg[firsts[:, 0] + offsets] = firsts[:, 2].to(torch.int32)
+    slot_pos[firsts[:, 0] + offsets] = (firsts[:, 1] + offsets).to(torch.int32)
+    steps = torch.arange(layout.max_new_tokens)
+    slot_seg[answer_slots] = torch.tensor(layout.answer_segs, dtype=torch.int32)[:, None].expand_as(answer_slots)
+    slot_pos[answer_slots] = (torch.tensor(layout.prompt_lens)[:, None] + steps).to(torch.int32)
     layout.slot_seg, layout.slot_pos, layout.answer_slots = slot_seg, slot_pos, answer_slots
     layout.seg_end = torch.tensor([s.end for s in layout.segments], dtype=torch.int32)
     layout.seg_stop = segment_stops(layout.segments)

@@ -15,6 +15,8 @@ meet on different devices, and one layer's cache lives on one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -45,10 +47,46 @@ def _offloads(module: nn.Module) -> bool:
     return any(getattr(h, "offload", False) and h.weights_map is not None for h in _align_hooks(module))
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a model computes, from one walk over its modules and one over its parameters."""
+
+    devices: frozenset  # every device a forward computes on: its hooks' execution devices, its resident weights'
+    offloaded: bool  # a hook loads offloaded weights inside every forward
+    tensor_parallel: bool  # DTensor weights (loaded with `tp_plan=...`)
+    meta: bool  # some parameter waits on the meta device
+
+    @property
+    def spans(self) -> bool:
+        return len(self.devices) > 1
+
+    @property
+    def eager_only(self) -> bool:
+        """Decode steps cannot be captured as CUDA graphs: the model computes on several devices (a graph records
+        one), a hook loads offloaded weights inside every forward, or it is sharded by tensor parallelism (a
+        capture that failed on one rank only would leave the ranks waiting in different collectives)."""
+        return self.spans or self.offloaded or self.tensor_parallel
+
+
+def placement(model: nn.Module) -> Placement:
+    """`model`'s `Placement`, now (a model may be dispatched or moved between calls)."""
+    from torch.distributed.tensor import DTensor
+
+    devices, offloaded = set(), False
+    for module in model.modules():
+        if getattr(module, "_hf_hook", None) is not None:
+            device = _execution_device(module)
+            devices |= {device} if device is not None else set()
+            offloaded |= _offloads(module)
+    params = list(model.parameters())
+    devices |= {p.device for p in params if p.device.type != "meta"}
+    return Placement(frozenset(devices), offloaded, any(isinstance(p, DTensor) for p in params),
+                     any(p.device.type == "meta" for p in params))  # fmt: skip
+
+
 def execution_devices(model: nn.Module) -> set[torch.device]:
     """Every device a forward of `model` computes on: its hooks' execution devices and its resident weights'."""
-    devices = {d for m in model.modules() if (d := _execution_device(m)) is not None}
-    return devices | {p.device for p in model.parameters() if p.device.type != "meta"}
+    return set(placement(model).devices)
 
 
 def loop_device(model: nn.Module) -> torch.device:
@@ -58,26 +96,24 @@ def loop_device(model: nn.Module) -> torch.device:
 
 
 def spans_devices(model: nn.Module) -> bool:
-    return len(execution_devices(model)) > 1
+    return placement(model).spans
 
 
 def eager_only(model: nn.Module) -> bool:
-    """Decode steps of `model` cannot be captured as CUDA graphs: it computes on several devices (a graph
-    records one), a hook loads offloaded weights inside every forward, or it is sharded by tensor parallelism
-    (a capture that failed on one rank only would leave the ranks waiting in different collectives)."""
-    return spans_devices(model) or any(_offloads(m) for m in model.modules()) or is_tensor_parallel(model)
+    """`Placement.eager_only` of `model`."""
+    return placement(model).eager_only
 
 
 def is_tensor_parallel(model: nn.Module) -> bool:
     """Whether `model` holds DTensor weights (loaded with `tp_plan=...`)."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return placement(model).tensor_parallel
 
 
-def placement_problem(model: nn.Module) -> tuple[str, str] | None:
-    """(reason, detail) of a placement hf_parallel cannot serve (reasons: `support.REASONS`), or None."""
-    unloaded = _unloaded_meta_parameters(model)
+def placement_problem(model: nn.Module, where: Placement | None = None) -> tuple[str, str] | None:
+    """(reason, detail) of a placement hf_parallel cannot serve (reasons: `support.REASONS`), or None (`where`:
+    the model's `Placement`, if known)."""
+    where = where if where is not None else placement(model)
+    unloaded = _unloaded_meta_parameters(model) if where.meta else []
     if unloaded:
         return "meta", f" ({', '.join(unloaded[:4])}{', ...' if len(unloaded) > 4 else ''})"
     split = _split_attention(model)
@@ -104,6 +140,8 @@ def _split_attention(model: nn.Module) -> tuple[str, set[torch.device]] | None:
     """The first attention module whose parts compute on different devices, with those devices: the entries of
     `hf_device_map` inside it, and the entry holding it (where its parts the map does not name run)."""
     device_map = getattr(model, "hf_device_map", None) or {}
+    if not device_map:  # no map: each part runs where its weights are (`Placement.devices` alone)
+        return None
     for name, module in model.named_modules():
         if not (type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx")):
             continue

@@ -105,11 +105,14 @@ def _join(members: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...]]]:
     """(parent, child names) of every group of siblings in `model` that can share a weight: plain `nn.Linear`
     children, no hooks, on one device, of one dtype and input size, all with a bias or none, no weight shared."""
-    uses = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+    modules = list(model.modules())
+    uses = Counter(id(p) for m in modules for p in m._parameters.values() if p is not None)  # a module's own, in C
     found = []
-    for parent in model.modules():
+    for parent in modules:
         for names in SIBLINGS:
-            members = [getattr(parent, n, None) for n in names]
+            if not all(n in parent._modules for n in names):  # children are registered there (quicker than getattr)
+                continue
+            members = [parent._modules[n] for n in names]
             if all(_plain(m, uses) for m in members) and _alike(members):
                 found.append((parent, names))
     return found

@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -23,7 +24,7 @@ from .fusion import RECOMPILE_LIMIT, compiler_imported, recompile_limit
 from .graphs import StaticRow, bucket
 from .layout import Layout
 from .options import GenerationOptions
-from .placement import eager_only, loop_device, spans_devices
+from .placement import loop_device, placement
 from .plan import AttentionPlan, Row, SlotIds, query_group
 from .processing import Processing
 from .recurrent import SegmentRuns
@@ -47,10 +48,11 @@ class Runner:
         support = support if support is not None else check_support(model)
         self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
         self.device = loop_device(model)
-        self.spanning = spans_devices(model)
+        where = placement(model)
+        self.spanning = where.spans
         # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now;
-        # so are those of a model over several devices, offloaded or sharded (`placement.eager_only` says why)
-        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent and not eager_only(model)
+        # so are those of a model over several devices, offloaded or sharded (`Placement.eager_only` says why)
+        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent and not where.eager_only
         if captured:  # the session's row (kept between calls), or one of this call's
             self.static = session.row_for(layout, support) if session else StaticRow.for_layout(model, layout, support)
         else:
@@ -69,7 +71,7 @@ class Runner:
         self.fuses = (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not support.recurrent
         # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
-        self.groups = self.device.type == "cuda" and not eager_only(model) and opts.compile is not True
+        self.groups = self.device.type == "cuda" and not where.eager_only and opts.compile is not True
         if opts.compile is True and support.recurrent:
             warnings.warn("compile=True is not applied to models with recurrent layers; decoding uncompiled",
                           stacklevel=3)  # fmt: skip
@@ -102,8 +104,8 @@ class Runner:
         and beside what the first forward does before its first launch."""
         calls = self.support.attention_calls
         futures = cache.prebuild_writes(calls, self.device) if chunks else []
-        for _, _, plan in chunks:
-            futures += self.backend.prebuild(plan, calls)
+        for chunk in chunks:
+            futures += self.backend.prebuild(chunk.plan, calls)
         return futures
 
     def prebuild_step(self) -> list[concurrent.futures.Future]:
@@ -150,22 +152,28 @@ class Runner:
                 self.compile_failed = True
         return self.model(**kwargs).logits[0].float().to(self.device)  # the last layer's device: the loop's
 
-    def prefill_chunks(self) -> list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]]:
-        """The prefill's forwards: each chunk of `prefill_chunk` prompt slots in slot order, its token ids, its plan."""
+    def prefill_chunks(self) -> list[PrefillChunk]:
+        """The prefill's forwards: each chunk of `prefill_chunk` prompt slots in slot order, with all it needs on the
+        loop's device before the first launches (a copy from the host waits for the GPU's queue: made between two
+        chunks, it would idle the GPU while the next chunk launches)."""
         slots, tokens, _ = self.layout.prompt_slots()
-        size = self.opts.prefill_chunk_for(self.backend)
-        pairs = zip(slots.split(size), tokens.split(size))
-        return [(chunk, ids, self.plan(chunk.to(self.device))) for chunk, ids in pairs]
-
-    def prefill(self, chunks: list[tuple[torch.Tensor, torch.Tensor, AttentionPlan]] | None = None) -> torch.Tensor:
-        """Run every prompt token once (`chunks`: `prefill_chunks`, by default made here); logits [P, V] at each
-        prompt's last token."""
         last = self.layout.last_prompt_slots()
-        logits = torch.empty(len(last), self.model.config.get_text_config().vocab_size, device=self.device)
-        for chunk, ids, plan in chunks if chunks is not None else self.prefill_chunks():
-            rows, prompts, inverse = _last_rows(chunk, last)
-            out = self.forward(plan, ids.to(self.device), rows.to(self.device))
-            logits[prompts.to(self.device)] = out[inverse.to(self.device)]
+        size = self.opts.prefill_chunk_for(self.backend)
+        chunks = []
+        for chunk, ids in zip(slots.split(size), tokens.split(size)):
+            rows, prompts, inverse = (t.to(self.device) for t in _last_rows(chunk, last))
+            chunks.append(PrefillChunk(ids.to(self.device), self.plan(chunk.to(self.device)), rows, prompts, inverse))
+        return chunks
+
+    def prefill(self, chunks: list[PrefillChunk] | None = None) -> torch.Tensor:
+        """Run every prompt token once (`chunks`: `prefill_chunks`, by default made here); logits [P, V] at each
+        prompt's last token.  Nothing here waits for the GPU."""
+        chunks = chunks if chunks is not None else self.prefill_chunks()
+        logits = torch.empty(self.layout.num_prompts, self.model.config.get_text_config().vocab_size,
+                             device=self.device)  # fmt: skip
+        for chunk in chunks:
+            out = self.forward(chunk.plan, chunk.ids, chunk.rows)
+            logits[chunk.prompts] = out[chunk.inverse]
         if self.support.recurrent:
             self.cache.begin_decode(self.layout.prompt_ends)
         return logits
@@ -269,6 +277,18 @@ class LaggedCount:
             return first
         self.events[1 - i].synchronize()
         return int(self.counts[1 - i])
+
+
+@dataclass
+class PrefillChunk:
+    """One prefill forward, on the loop's device: its token ids, its plan, the rows whose logits it keeps (the last
+    token of each prompt ending in it, once each), and which prompt takes which kept row."""
+
+    ids: torch.Tensor  # [N] int64
+    plan: AttentionPlan
+    rows: torch.Tensor  # [R] int64, rows of the chunk
+    prompts: torch.Tensor  # [K] int64, the prompts ending in the chunk
+    inverse: torch.Tensor  # [K] int64, each one's index into rows
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):

@@ -28,7 +28,7 @@ from .attention import AttentionBackend, AttentionCall, use_attention
 from .attention.reference import ReferenceBackend
 from .cache import PackedCache, PackedLayer
 from .fusion import fusable_parts, fused
-from .placement import placement_problem, spans_devices
+from .placement import placement, placement_problem
 from .projections import grouped
 from .recurrent import SegmentedMixer, segmented
 
@@ -102,10 +102,11 @@ def check_support(model: PreTrainedModel) -> Support:
 def check_placement(model: PreTrainedModel) -> None:
     """Refuse, by name, a placement hf_parallel cannot follow (`hf_parallel.placement`); on every call (a model may
     be dispatched again after its verdict)."""
-    problem = placement_problem(model)
+    where = placement(model)
+    problem = placement_problem(model, where)
     if problem:
         raise refuse(model, *problem)
-    if spans_devices(model) and segmented(model):
+    if where.spans and segmented(model):
         raise refuse(model, "recurrent-placement")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import transformers
@@ -290,6 +291,23 @@ def test_prefill_qkv_check_finds_a_wide_inputs_columns_equal_to_their_own_gemms(
 
 
 def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
-    eval_module("host_check").main(["--doc", "64", "--questions", "3", "--repeats", "1"])
+    eval_module("host_check").main(["--doc", "64", "--questions", "3", "--repeats", "1", "--layers", "2"])
     out = capsys.readouterr().out
     assert "3 prompts of 76 tokens: input checks" in out and "build_layout" in out
+    assert "2 layers: placement" in out and "sibling groups" in out and "check_model" in out
+
+
+def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():
+    """bench's `pp_prefill_synced`: the host waits for each prefill forward (not a decode step's), only while its
+    context holds."""
+    from hf_parallel import runner
+
+    forward, calls = runner.Runner.forward, []
+    with mock.patch.object(runner.Runner, "forward", lambda self, *args, **kwargs: "out"):
+        with mock.patch.object(torch.cuda, "synchronize", lambda device=None: calls.append(device)):
+            with bench.prefill_synced():
+                fake = SimpleNamespace(device="cuda:0")
+                outs = [runner.Runner.forward(fake, None, None, None), runner.Runner.forward(fake, None, None, None,
+                                                                                              step=True)]  # fmt: skip
+    assert outs == ["out", "out"] and calls == ["cuda:0"]
+    assert runner.Runner.forward is forward

@@ -194,3 +194,30 @@ def test_the_live_count_is_read_one_step_late():
     flags = [torch.tensor(f, device="cuda") for f in ([1, 1, 1], [1, 0, 1], [0, 0, 1], [0, 0, 0])]
     got = [count.previous(f.bool(), first=3) for f in flags]
     assert got == [3, 3, 2, 1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_prefill_launches_every_chunk_without_waiting_for_the_gpu(arch):
+    """`Runner.prefill` over `prefill_chunks` makes no call that waits for the GPU (CUDA's sync debug mode raises on
+    one), so the host launches each chunk while the GPU runs the one before; its logits are the one-chunk prefill's."""
+    from hf_parallel import GenerationOptions
+    from hf_parallel.attention import resolve_backend
+    from hf_parallel.layout import build_layout
+    from hf_parallel.runner import Runner
+
+    model = tiny_model(arch).cuda()
+    prompts = _prompts(4, 6, doc_len=60)
+    generate_tokens(model, prompts, max_new_tokens=2, eos_token_id=[], prefill_chunk=16)  # kernels built, compiled
+    logits = {}
+    for size in (16, 4096):
+        opts = GenerationOptions.resolve(model, max_new_tokens=2, eos_token_id=[], prefill_chunk=size)
+        runner = Runner(model, build_layout(prompts, 2), opts, resolve_backend("triton", model.device))
+        with runner.using_model(), torch.inference_mode():
+            chunks = runner.prefill_chunks()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                logits[size] = runner.prefill(chunks)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert len(chunks) == 1 if size == 4096 else len(chunks) > 2
+    torch.testing.assert_close(logits[16], logits[4096], atol=1e-4, rtol=1e-4)
