@@ -311,3 +311,26 @@ def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():
                                                                                               step=True)]  # fmt: skip
     assert outs == ["out", "out"] and calls == ["cuda:0"]
     assert runner.Runner.forward is forward
+
+
+def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
+    """eval/host_phases.py: each phase of a call timed (the input checks before the prefill, the prefill before the
+    decode, within the call's wall time), and every wrapped function restored after."""
+    from hf_parallel import generation, runner
+
+    phases = eval_module("host_phases")
+    before = (generation.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"])
+    report = phases.main(["--model", "tiny", "--doc", "40", "--questions", "3", "--new-tokens", "1", "4",
+                          "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
+    assert (generation.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"]) == before
+    assert [r["new_tokens"] for r in report] == [1, 4]
+    assert json.loads((tmp_path / "phases.json").read_text()) == report
+    for row in report:
+        at = {p["phase"]: p for p in row["phases"]}
+        assert (
+            at["generation.build_layout"]["first_ms"]
+            < at["Runner.prefill"]["first_ms"]
+            < at["Runner.decode"]["first_ms"]
+        )
+        assert at["GenerateRequest.prepare"]["calls"] >= 1 and at["use_model enter"]["calls"] == 1
+        assert all(p["first_ms"] + p["ms"] <= row["wall_ms"] + 0.1 for p in row["phases"])
