@@ -39,7 +39,8 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
                tokens after an untimed run, extended linearly; `full`: every token)
 
 and the roofline: the time at the measured copy bandwidth and bf16 matmul rate, counting
-weights + the document KV once + each stream's own KV per step (and the FLOPs).
+weights + the document KV once + each stream's own KV per step (and the FLOPs); and the serial bound,
+the same with the GEMMs and attention each at its own bound, one after the other (`roofline`).
 
     python eval/bench.py --model codellama-7b --out results/bench
 
@@ -524,26 +525,46 @@ def _median_time(fn, reps: int = 10) -> float:
 
 
 def roofline(config, prompts, work: Workload, ceilings: dict) -> dict:
-    """Lower bound on time: per forward max(bytes / bandwidth, flops / matmul rate)."""
+    """Lower bounds on time at the measured ceilings, summed over the call's forwards (the prefill as one).
+
+    roofline: per forward max(bytes / bandwidth, FLOPs / matmul rate).  Bytes: the linear layers' weights and the
+    LM head's, read once per forward (of the embedding table only the rows looked up), and the KV: the prefill
+    writes every prompt token's, a decode step reads the document's once and each stream's own.  FLOPs: the
+    linear layers' over every token of the forward, the LM head's over the rows whose logits are kept (each
+    prompt's last token, every stream in a step), and attention's.
+    serial: the same bytes and FLOPs, but the weights' GEMMs and attention each at their own bound, one after the
+    other, as a decoder layer runs them: a bound for any implementation that does not overlap the two.  It
+    exceeds the roofline where one is bound by its arithmetic and the other by its reads (256-row GEMMs beside
+    attention's KV reads)."""
     c = config
     head_dim = c.hidden_size // c.num_attention_heads
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2  # bf16 K and V
-    params = sum(_linear_params(c))
-    weights = 2 * (params + c.vocab_size * c.hidden_size)
+    layer_params, head_params = _linear_params(c)
+    weights = 2 * (layer_params + head_params)
     attn_flops = lambda q, k: 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * q * k  # noqa: E731
+    bandwidth, matmul = ceilings["bandwidth"], ceilings["matmul"]
     doc, n = work.doc_tokens, len(prompts)
     q_lens = [len(p) - doc for p in prompts]
     new_prompt_tokens = work.documents * doc + sum(q_lens)
-    prefill_flops = 2 * params * new_prompt_tokens + work.documents * attn_flops(doc, doc / 2)
-    prefill_flops += sum(attn_flops(q, doc + q / 2) for q in q_lens)
-    prefill = max((weights + kv_token * new_prompt_tokens) / ceilings["bandwidth"], prefill_flops / ceilings["matmul"])
-    decode = 0.0
+
+    def forward(tokens: int, logits: int, kv_bytes: float, flops_attention: float) -> tuple[float, float]:
+        """(roofline, serial) seconds of one forward over `tokens` keeping `logits` rows."""
+        gemm_bytes = weights + (2 * c.hidden_size * tokens if head_params else 0)  # + the embedding rows looked up
+        gemm_flops = 2 * layer_params * tokens + 2 * head_params * logits
+        both = max((gemm_bytes + kv_bytes) / bandwidth, (gemm_flops + flops_attention) / matmul)
+        gemms = max(gemm_bytes / bandwidth, gemm_flops / matmul)
+        attention = max(kv_bytes / bandwidth, flops_attention / matmul)
+        return both, gemms + attention
+
+    prefill_attention = work.documents * attn_flops(doc, doc / 2) + sum(attn_flops(q, doc + q / 2) for q in q_lens)
+    prefill, serial_prefill = forward(new_prompt_tokens, n, kv_token * new_prompt_tokens, prefill_attention)
+    decode = serial_decode = 0.0
     for t in range(1, work.answer_tokens):
         own = sum(q + t for q in q_lens)
-        step_bytes = weights + kv_token * (work.documents * doc + own)
-        step_flops = 2 * params * n + attn_flops(n, doc) + attn_flops(1, own)
-        decode += max(step_bytes / ceilings["bandwidth"], step_flops / ceilings["matmul"])
-    return dict(roofline_s=prefill + decode, roofline_prefill_s=prefill, roofline_decode_s=decode)
+        both, serial = forward(n, n, kv_token * (work.documents * doc + own), attn_flops(n, doc) + attn_flops(1, own))
+        decode, serial_decode = decode + both, serial_decode + serial
+    return dict(roofline_s=prefill + decode, roofline_prefill_s=prefill, roofline_decode_s=decode,
+                serial_s=serial_prefill + serial_decode)  # fmt: skip
 
 
 def _linear_params(c):
@@ -599,8 +620,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 def table(results: list[dict]) -> str:
     rows = ["| model | workload | method | total s | decode s | vs stock | vs stock tuned | vs generate_batch | vs P=1 "
-            "| roofline s | roofline / time |",
-            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+            "| roofline s | roofline / time | serial bound s | serial bound / time |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for r in results:
         vs = functools.partial(_ratio, results, r)
         stock = vs("stock_full") if vs("stock_full") != "-" else vs("stock")  # every chunk run, where there is one
@@ -608,7 +629,8 @@ def table(results: list[dict]) -> str:
         rows.append(f"| {r['model']} | {r['workload']} | {r['method']}{how} "
                     f"| {r['total_s']:.2f} | {r.get('decode_s', float('nan')):.2f} | {stock} | {vs('stock_tuned')} "
                     f"| {vs('generate_batch')} "
-                    f"| {vs('pp_p1')} | {r['roofline_s']:.2f} | {r['roofline_s'] / r['total_s']:.2f} |")  # fmt: skip
+                    f"| {vs('pp_p1')} | {r['roofline_s']:.2f} | {r['roofline_s'] / r['total_s']:.2f} "
+                    f"| {r.get('serial_s', math.nan):.2f} | {r.get('serial_s', math.nan) / r['total_s']:.2f} |")  # fmt: skip
     return "\n".join(rows)
 
 

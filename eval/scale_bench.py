@@ -225,9 +225,10 @@ def release_memory() -> None:
 def roofline(config, prompts, doc_len: int, answer: int, parts: list[tuple[int, bool, dict]]) -> dict:
     """eval/bench.py's roofline summed over `parts` run one after another: (layers, holds the LM head, ceilings).
 
-    A part's bytes are its layers' weights and KV (and, with the LM head, the embedding and LM head's weights)."""
+    A part's bytes are its layers' weights and KV (and, with the LM head, the LM head's weights and the embedding
+    rows looked up)."""
     work = bench.Workload("scale", doc_len, len(prompts), answer)
-    total = dict(roofline_s=0.0, roofline_prefill_s=0.0, roofline_decode_s=0.0)
+    total = dict(roofline_s=0.0, roofline_prefill_s=0.0, roofline_decode_s=0.0, serial_s=0.0)
     fields = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
     for layers, head, ceilings in parts:
         part = SimpleNamespace(**{f: getattr(config, f) for f in fields}, num_hidden_layers=layers,

@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 from unittest import mock
 
+import pytest
 import torch
 import transformers
 
@@ -334,3 +335,46 @@ def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
         )
         assert at["GenerateRequest.prepare"]["calls"] >= 1 and at["use_model enter"]["calls"] == 1
         assert all(p["first_ms"] + p["ms"] <= row["wall_ms"] + 0.1 for p in row["phases"])
+
+
+def _linear_weights(config) -> int:
+    """Elements of every nn.Linear weight of a model built from `config` (its layers' and its LM head's)."""
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def test_roofline_reads_the_linear_weights_once_a_step_and_not_the_embedding_table():
+    config = bench.SHAPES["tiny"]()
+    work = bench.Workload("tiny", doc_tokens=64, questions=4, answer_tokens=2)
+    prompts = [[5] * (64 + q) for q in (3, 4, 5, 6)]
+    reads = dict(bandwidth=1e9, matmul=1e30)  # every forward bound by its bytes
+    step = bench.roofline(config, prompts, work, reads)["roofline_decode_s"]  # one step: the second answer token
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 2 * (64 + sum((3, 4, 5, 6)) + 4)
+    want = 2 * _linear_weights(config) + kv + 2 * config.hidden_size * 4  # + the 4 embedding rows looked up
+    assert step * 1e9 == pytest.approx(want, rel=1e-9)
+
+
+def test_roofline_counts_the_lm_heads_flops_only_over_the_rows_whose_logits_are_kept():
+    small, large = bench.SHAPES["tiny"](), bench.SHAPES["tiny"]()
+    large.vocab_size = 2 * small.vocab_size
+    work = bench.Workload("tiny", doc_tokens=64, questions=4, answer_tokens=1)
+    prompts = [[5] * (64 + q) for q in (3, 4, 5, 6)]
+    arithmetic = dict(bandwidth=1e30, matmul=1e12)  # every forward bound by its FLOPs
+    prefill = [bench.roofline(c, prompts, work, arithmetic)["roofline_prefill_s"] for c in (small, large)]
+    head = 2 * small.vocab_size * small.hidden_size * len(prompts)  # the LM head over each prompt's last token
+    assert (prefill[1] - prefill[0]) * 1e12 == pytest.approx(head, rel=1e-9)
+
+
+def test_serial_bound_adds_the_gemms_and_attention_where_one_is_bound_by_arithmetic_and_one_by_reads():
+    config = bench.SHAPES["tiny"]()
+    prompts = [[5] * (64 + 200)] * 256  # 256 streams with long own regions: attention about 3 FLOPs a byte read
+    steps, prefill = (bench.Workload("tiny", doc_tokens=64, questions=256, answer_tokens=a) for a in (8, 1))
+    for only in (dict(bandwidth=1e9, matmul=1e30), dict(bandwidth=1e30, matmul=1e12)):  # one ceiling binds both
+        bound = bench.roofline(config, prompts, steps, only)
+        assert bound["serial_s"] == pytest.approx(bound["roofline_s"], rel=1e-9)
+    both = dict(bandwidth=1e12, matmul=16e12)  # 256-row GEMMs (256 FLOPs a byte) bound by FLOPs, attention by reads
+    bound, first = bench.roofline(config, prompts, steps, both), bench.roofline(config, prompts, prefill, both)
+    serial_decode = bound["serial_s"] - first["serial_s"]
+    assert serial_decode > 1.2 * bound["roofline_decode_s"]  # the roofline lets the two overlap
