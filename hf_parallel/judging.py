@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .prompting import render_prompt
+from .prompting import render_all
 from .scoring import score_tree
 
 TEMPLATE = "{context}\n\n{question}\n\n{judgment}"
@@ -159,12 +159,11 @@ def assemble_answers(questions, token_logprobs: list[list[torch.Tensor]], n_yes:
 def render_judgments(
     tokenizer, context, questions, template=None, use_chat_template=None, system_prompt=None
 ) -> list[list[int]]:
-    """Token ids of every judgment prompt, question after question, candidate after candidate."""
-    return [
-        _render(tokenizer, template or TEMPLATE, context, q.prompt, text, use_chat_template, system_prompt)
-        for q in questions
-        for _, text in q.judgments()
-    ]
+    """Token ids of every judgment prompt, question after question, candidate after candidate (tokenized in one
+    call, `render_all`)."""
+    texts = [(template or TEMPLATE).format(context=context, question=q.prompt, judgment=text)
+             for q in questions for _, text in q.judgments()]  # fmt: skip
+    return render_all(tokenizer, texts, use_chat_template, system_prompt)
 
 
 def answer_spellings(tokenizer: PreTrainedTokenizerBase) -> tuple[list[list[int]], list[list[int]]]:
@@ -185,11 +184,6 @@ def _encodings(tokenizer, words) -> list[list[int]]:
     shortest_first = sorted(seqs, key=len)
     kept = [s for i, s in enumerate(shortest_first) if not any(s[: len(t)] == t for t in shortest_first[:i])]
     return [list(s) for s in sorted(kept)]
-
-
-def _render(tokenizer, template, context, question, judgment, use_chat_template, system_prompt) -> list[int]:
-    text = template.format(context=context, question=question, judgment=judgment)
-    return render_prompt(tokenizer, text, use_chat_template, system_prompt)
 
 
 def _p_yes(logprobs: list[torch.Tensor], n_yes: int) -> float:

@@ -1,9 +1,12 @@
 """Text in, text out: the one prompt renderer, and `generate_parallel` on top of it.
 
 Every prompt the package builds (questions about a document, judgments, evaluation
-prompts, dialogue turns) goes through `render_prompt`, so a prompt is tokenized the
+prompts, dialogue turns) is written by `prompt_text`, so a prompt is tokenized the
 same way wherever it is made: with the tokenizer's chat template when it has one,
-else as plain text that ends by asking for the answer.
+else as plain text that ends by asking for the answer.  Many prompts are tokenized in one
+call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads:
+each of a document's prompts repeats the whole document (docs/benchmarks.md, "The prompts'
+tokenization": one call each, 256 prompts of an 8k-token document took 2.8 s of a 2-core CPU).
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ def render_prompt(
     assistant messages after an optional system message, generation prompt added.
     Without one, each user text is followed by `plain_answer` and its answer, a turn per line.
     """
+    return _tokenized(tokenizer, [prompt_text(tokenizer, turns, use_chat_template, system_prompt, plain_answer)])[0]
+
+
+def prompt_text(
+    tokenizer: PreTrainedTokenizerBase,
+    turns: Turns,
+    use_chat_template: bool | None = None,
+    system_prompt: str | None = None,
+    plain_answer: str = PLAIN_ANSWER,
+) -> tuple[str, bool]:
+    """`render_prompt`'s text before tokenization, and whether the tokenizer adds its special tokens to it (plain
+    text: yes; a chat template writes its own)."""
     turns = [(turns, None)] if isinstance(turns, str) else list(turns)
     has_template = getattr(tokenizer, "chat_template", None) is not None
     if use_chat_template is None:
@@ -49,14 +64,13 @@ def render_prompt(
         if system_prompt is not None:
             raise ValueError("system_prompt needs a chat template; put it in the template instead")
         text = "\n".join(user + plain_answer + (f" {answer}" if answer is not None else "") for user, answer in turns)
-        return tokenizer(text)["input_ids"]
+        return text, True
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     for user, answer in turns:
         messages.append({"role": "user", "content": user})
         if answer is not None:
             messages.append({"role": "assistant", "content": answer})
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), False
 
 
 def render_prompts(
@@ -71,14 +85,34 @@ def render_prompts(
 
     `template` fills the user turn from "{document}" and "{question}" (default
     "{document}\\n\\n{question}" with a chat template, "{document}\\n\\nQuestion: {question}"
-    without one); see `render_prompt` for the rest.
+    without one); see `render_prompt` for the rest.  The prompts are tokenized in one call (`render_all`).
     """
     use_chat = getattr(tokenizer, "chat_template", None) is not None if use_chat_template is None else use_chat_template
     template = check_template(template or (CHAT_TEMPLATE if use_chat else PLAIN_TEMPLATE))
-    return [
-        render_prompt(tokenizer, template.format(document=document, question=q), use_chat_template, system_prompt)
-        for q in questions
-    ]
+    user_turns = [template.format(document=document, question=q) for q in questions]
+    return render_all(tokenizer, user_turns, use_chat_template, system_prompt)
+
+
+def render_all(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[Turns],
+    use_chat_template: bool | None = None,
+    system_prompt: str | None = None,
+) -> list[list[int]]:
+    """`render_prompt` of each of `prompts`, tokenized in one call of the tokenizer (a batch, which a fast tokenizer
+    encodes on several threads): the ids a call of its own gives each."""
+    return _tokenized(tokenizer, [prompt_text(tokenizer, turns, use_chat_template, system_prompt) for turns in prompts])
+
+
+def _tokenized(tokenizer, texts: list[tuple[str, bool]]) -> list[list[int]]:
+    """The ids of `prompt_text`s (all with special tokens or all without), in one call of a Transformers tokenizer,
+    else one call each (any object called as one is: `tokenizer(text)`)."""
+    if not texts:
+        return []
+    special = {} if texts[0][1] else {"add_special_tokens": False}
+    if isinstance(tokenizer, PreTrainedTokenizerBase) and len(texts) > 1:
+        return tokenizer([text for text, _ in texts], **special)["input_ids"]
+    return [tokenizer(text, **special)["input_ids"] for text, _ in texts]
 
 
 def check_template(template: str) -> str:
