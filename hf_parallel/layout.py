@@ -104,9 +104,13 @@ class Layout:
 def _common_prefix_len(sequences: list[list[int]], start: int) -> int:
     """Length of the common prefix of `sequences` (all equal on [:start]).  What the lexicographic least and
     greatest share, every sequence shares; list comparisons and slices run in C, a bisection finds the first
-    difference of the two."""
+    difference of the two.  Below the root the sequences are compared from `start` on, as slices, where those are
+    shorter than what they share: each comparison of whole sequences would walk their shared `start` tokens again
+    (a document's, once per level of the tree below it)."""
     if len(sequences) == 1:
         return len(sequences[0])
+    if start and max(map(len, sequences)) - start <= start:
+        return start + _common_prefix_len([s[start:] for s in sequences], 0)
     lo, hi = min(sequences), max(sequences)
     same, differ = start, min(len(lo), len(hi))  # lo[:same] == hi[:same]; below, lo[:differ] != hi[:differ]
     if lo[same:differ] == hi[same:differ]:
