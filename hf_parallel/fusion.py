@@ -56,13 +56,18 @@ COMPILER = "torch._inductor.compile_fx"  # what `torch.compile`'s first use impo
 _importing: list[threading.Thread] = []  # the thread importing it, once per process
 
 
+def compiler_unimported() -> bool:
+    """Whether Inductor's compiler is neither imported nor being imported (`import_compiler` would start it)."""
+    return not _importing and COMPILER not in sys.modules
+
+
 def import_compiler() -> None:
     """Start importing Inductor's compiler on a thread of its own, once per process, where it is not imported yet.
 
     A call that will compile starts it before its support probe, whose first forward on a GPU takes a second or
     more, much of it in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
     `torch.compile` (0.4-0.5 s off a first call on the H200, docs/benchmarks.md)."""
-    if not _importing and COMPILER not in sys.modules:
+    if compiler_unimported():
         _importing.append(threading.Thread(target=_import, args=(COMPILER,), name="hf_parallel-import", daemon=True))
         _importing[0].start()
 

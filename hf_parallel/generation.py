@@ -18,12 +18,13 @@ from transformers import PreTrainedModel
 from .attention import AttentionBackend, resolve_backend
 from .budget import RowBudget, row_budget, too_large
 from .engine import RefillEngine
-from .fusion import import_compiler
+from .fusion import compiler_unimported, import_compiler
 from .inputs import as_token_lists, check_length, check_tokens, in_vocabulary
 from .layout import Layout, build_layout
 from .options import GenerationOptions
+from .placement import loop_device, placement
 from .rowlayout import Forest
-from .runner import Runner
+from .runner import Runner, compiles
 from .session import Session
 from .support import Support, check_model, check_support
 
@@ -93,8 +94,10 @@ class _Call:
         if layout is not None and not in_vocabulary(model, [seg.tokens for seg in layout.segments]):
             for i, prompt in enumerate(prompts):
                 check_tokens(model, f"prompt {i}", prompt)
-        if opts.compile in ("layers", True) or (opts.compile == "auto" and model.device.type == "cuda"):
-            import_compiler()  # beside the support probe's first forward (where it is the model's first)
+        # a call that will compile imports the compiler beside the support probe's first forward (where it is the
+        # model's first); whether it will is the Runner's rule, before the probe says whether layers are recurrent
+        if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
+            import_compiler()
         support = check_support(model) if prompts else None
         backend = resolve_backend(opts.attn, model.device)
         return cls(model, streams, room, opts, support, backend, session, layout)

@@ -63,7 +63,7 @@ class _Group:
         """Every member's output on `x`, each a column slice of one [..., O] tensor: one GEMM over the group's
         weight, or for an input of more than `MOST_ROWS` rows each member's own GEMM into its columns (with biases,
         into a tensor of its own, then copied there)."""
-        if x.numel() <= MOST_ROWS * x.shape[-1]:
+        if one_gemm(x):
             return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
         if self.bias is not None or x.dtype != self.weight.dtype or torch.is_autocast_enabled(x.device.type):
             # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and on the H200
@@ -75,6 +75,11 @@ class _Group:
         for member, cols in zip(self.members, columns):  # cuBLAS writes a column slice in place (its row stride)
             torch.mm(rows, member.weight.t(), out=cols)
         return list(out.split(self.sizes, dim=-1))
+
+
+def one_gemm(x: torch.Tensor) -> bool:
+    """Whether a group runs one GEMM over its weight on input `x`: at most `MOST_ROWS` rows."""
+    return x.numel() <= MOST_ROWS * x.shape[-1]
 
 
 def _joined(tensors: list[torch.Tensor]) -> torch.Tensor | None:

@@ -52,7 +52,7 @@ class Runner:
         self.spanning = where.spans
         # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now;
         # so are those of a model over several devices, offloaded or sharded (`Placement.eager_only` says why)
-        captured = opts.cuda_graphs and self.device.type == "cuda" and not support.recurrent and not where.eager_only
+        captured = captures_steps(opts, self.device, where.eager_only, support.recurrent)
         if captured:  # the session's row (kept between calls), or one of this call's
             self.static = session.row_for(layout, support) if session else StaticRow.for_layout(model, layout, support)
         else:
@@ -68,7 +68,7 @@ class Runner:
         self.compile_failed = False
         # compile="auto": the layers' small operations fused where decode steps are captured (a CUDA graph replays
         # the fused kernels; elsewhere eager steps would pay the compiled regions' guards on the host)
-        self.fuses = (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not support.recurrent
+        self.fuses = fuses_layers(opts, captured, support.recurrent)
         # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
         self.groups = self.device.type == "cuda" and not where.eager_only and opts.compile is not True
@@ -289,6 +289,26 @@ class PrefillChunk:
     rows: torch.Tensor  # [R] int64, rows of the chunk
     prompts: torch.Tensor  # [K] int64, the prompts ending in the chunk
     inverse: torch.Tensor  # [K] int64, each one's index into rows
+
+
+def captures_steps(opts: GenerationOptions, device: torch.device, eager_only: bool, recurrent: bool) -> bool:
+    """Whether a call's decode steps are captured in CUDA graphs: `cuda_graphs` on a GPU, but not for layers with a
+    recurrent state or a model placed over several devices, offloaded or sharded (`Placement.eager_only`)."""
+    return opts.cuda_graphs and device.type == "cuda" and not recurrent and not eager_only
+
+
+def fuses_layers(opts: GenerationOptions, captured: bool, recurrent: bool) -> bool:
+    """Whether a call compiles its layers' small operations (`fusion.py`): compile="layers", or "auto" where its
+    decode steps are captured (a CUDA graph replays the fused kernels; eager steps would pay the compiled regions'
+    guards on the host); never for layers with a recurrent state."""
+    return (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not recurrent
+
+
+def compiles(opts: GenerationOptions, device: torch.device, eager_only: bool, recurrent: bool) -> bool:
+    """Whether a call runs `torch.compile`: its layers' parts (`fuses_layers`) or, with compile=True, its steps (not
+    those of layers with a recurrent state)."""
+    captured = captures_steps(opts, device, eager_only, recurrent)
+    return (opts.compile is True and not recurrent) or fuses_layers(opts, captured, recurrent)
 
 
 def _last_rows(chunk: torch.Tensor, last: torch.Tensor):

@@ -186,6 +186,29 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("compile", "cuda_graphs", "device", "eager_only", "recurrent", "want"), [
+    ("auto", True, "cuda", False, False, True),  # captured steps: the layers' parts compiled
+    ("auto", False, "cuda", False, False, False),  # eager steps: nothing compiled
+    ("auto", True, "cuda", True, False, False),  # over several devices, offloaded or sharded: eager steps
+    ("auto", True, "cuda", False, True, False),  # recurrent layers: eager steps
+    ("auto", True, "cpu", False, False, False),
+    ("layers", False, "cpu", False, False, True),
+    ("layers", True, "cuda", False, True, False),
+    (True, False, "cpu", False, False, True),
+    (True, True, "cuda", False, True, False),  # compile=True is not applied to recurrent layers
+    (False, True, "cuda", False, False, False),
+])  # fmt: skip
+def test_a_call_imports_the_compiler_only_where_its_runner_compiles(compile, cuda_graphs, device, eager_only,
+                                                                    recurrent, want):  # fmt: skip
+    """`_Call.prepare` starts the compiler's import by the rule the Runner compiles by (`runner.compiles`): not for
+    a call whose steps run eagerly with compile="auto" (cuda_graphs off, a model over several devices)."""
+    from hf_parallel.options import GenerationOptions
+    from hf_parallel.runner import compiles
+
+    opts = GenerationOptions.resolve(tiny_model("llama"), compile=compile, cuda_graphs=cuda_graphs)
+    assert compiles(opts, torch.device(device), eager_only, recurrent) == want
+
+
 def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():
     """Only the token count is a dynamic dimension of the compiled parts' graphs (`fusion._token_dims`): calls
     with other counts reuse them, and a model of the same hidden size with other head counts and head size gets
