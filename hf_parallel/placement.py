@@ -38,13 +38,16 @@ def _align_hooks(module: nn.Module) -> list:
     return [h for h in hooks if hasattr(h, "execution_device")]
 
 
-def _execution_device(module: nn.Module) -> torch.device | None:
-    devices = [h.execution_device for h in _align_hooks(module) if h.execution_device is not None]
+def _execution_device(module: nn.Module, hooks: list | None = None) -> torch.device | None:
+    """The first of `module`'s hooks' execution devices (`hooks`: its `_align_hooks`, where already found)."""
+    devices = [h.execution_device for h in (_align_hooks(module) if hooks is None else hooks)
+               if h.execution_device is not None]  # fmt: skip
     return normal_device(devices[0]) if devices else None
 
 
-def _offloads(module: nn.Module) -> bool:
-    return any(getattr(h, "offload", False) and h.weights_map is not None for h in _align_hooks(module))
+def _offloads(hooks: list) -> bool:
+    """Whether one of a module's hooks (its `_align_hooks`) loads offloaded weights inside each forward."""
+    return any(getattr(h, "offload", False) and h.weights_map is not None for h in hooks)
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,10 @@ def placement(model: nn.Module) -> Placement:
     devices, offloaded = set(), False
     for module in model.modules():
         if getattr(module, "_hf_hook", None) is not None:
-            device = _execution_device(module)
+            hooks = _align_hooks(module)
+            device = _execution_device(module, hooks)
             devices |= {device} if device is not None else set()
-            offloaded |= _offloads(module)
+            offloaded |= _offloads(hooks)
     params = list(model.parameters())
     devices |= {p.device for p in params if p.device.type != "meta"}
     return Placement(frozenset(devices), offloaded, any(isinstance(p, DTensor) for p in params),
@@ -128,7 +132,7 @@ def _unloaded_meta_parameters(model: nn.Module) -> list[str]:
     names, loaded = [], set()
     for name, module in model.named_modules():  # parents come before their children
         parent = name.rpartition(".")[0] if "." in name else ("" if name else None)
-        if _offloads(module) or parent in loaded:
+        if _offloads(_align_hooks(module)) or parent in loaded:
             loaded.add(name)
         if name in loaded:
             continue
