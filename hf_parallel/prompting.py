@@ -3,8 +3,8 @@
 Every prompt the package builds (questions about a document, judgments, evaluation
 prompts, dialogue turns) is written by `prompt_text`, so a prompt is tokenized the
 same way wherever it is made: with the tokenizer's chat template when it has one,
-else as plain text that ends by asking for the answer.  Many prompts are tokenized in one
-call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads:
+else as plain text that ends by asking for the answer.  Many prompts are tokenized together,
+`TOKENIZE_BATCH` to a call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads:
 each of a document's prompts repeats the whole document (docs/benchmarks.md, "The prompts'
 tokenization": one call each, 256 prompts of an 8k-token document took 2.8 s of a 2-core CPU).
 """
@@ -23,6 +23,8 @@ PLAIN_TEMPLATE = "{document}\n\nQuestion: {question}"  # without a chat template
 CHAT_TEMPLATE = "{document}\n\n{question}"  # the user turn when the tokenizer has a chat template
 PLAIN_ANSWER = "\nAnswer:"  # closes a plain-text user turn
 TEMPLATE_FIELDS = ("document", "question")
+TOKENIZE_BATCH = 64  # texts per call of the tokenizer: enough for every core, while a fast tokenizer's encodings
+# (ids, offsets and token strings, until converted) of a long document's prompts stay a bounded batch
 
 Turns = str | Sequence[tuple[str, str | None]]
 
@@ -85,7 +87,7 @@ def render_prompts(
 
     `template` fills the user turn from "{document}" and "{question}" (default
     "{document}\\n\\n{question}" with a chat template, "{document}\\n\\nQuestion: {question}"
-    without one); see `render_prompt` for the rest.  The prompts are tokenized in one call (`render_all`).
+    without one); see `render_prompt` for the rest.  The prompts are tokenized together (`render_all`).
     """
     use_chat = getattr(tokenizer, "chat_template", None) is not None if use_chat_template is None else use_chat_template
     template = check_template(template or (CHAT_TEMPLATE if use_chat else PLAIN_TEMPLATE))
@@ -99,20 +101,23 @@ def render_all(
     use_chat_template: bool | None = None,
     system_prompt: str | None = None,
 ) -> list[list[int]]:
-    """`render_prompt` of each of `prompts`, tokenized in one call of the tokenizer (a batch, which a fast tokenizer
-    encodes on several threads): the ids a call of its own gives each."""
+    """`render_prompt` of each of `prompts`, tokenized `TOKENIZE_BATCH` to a call of the tokenizer (a batch, which
+    a fast tokenizer encodes on several threads): the ids a call of its own gives each."""
     return _tokenized(tokenizer, [prompt_text(tokenizer, turns, use_chat_template, system_prompt) for turns in prompts])
 
 
 def _tokenized(tokenizer, texts: list[tuple[str, bool]]) -> list[list[int]]:
-    """The ids of `prompt_text`s (all with special tokens or all without), in one call of a Transformers tokenizer,
+    """The ids of `prompt_text`s (all with special tokens or all without), in batches of a Transformers tokenizer,
     else one call each (any object called as one is: `tokenizer(text)`)."""
     if not texts:
         return []
     special = {} if texts[0][1] else {"add_special_tokens": False}
-    if isinstance(tokenizer, PreTrainedTokenizerBase) and len(texts) > 1:
-        return tokenizer([text for text, _ in texts], **special)["input_ids"]
-    return [tokenizer(text, **special)["input_ids"] for text, _ in texts]
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        return [tokenizer(text, **special)["input_ids"] for text, _ in texts]
+    ids = []
+    for start in range(0, len(texts), TOKENIZE_BATCH):
+        ids += tokenizer([text for text, _ in texts[start : start + TOKENIZE_BATCH]], **special)["input_ids"]
+    return ids
 
 
 def check_template(template: str) -> str:

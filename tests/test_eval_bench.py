@@ -296,7 +296,7 @@ def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
     out = capsys.readouterr().out
     assert "3 prompts of 76 tokens: input checks" in out and "build_layout" in out
     assert "2 layers: placement" in out and "sibling groups" in out and "check_model" in out
-    assert "3 text prompts of a 64-token document: tokenized a call each" in out and "in one call" in out
+    assert "3 text prompts of a 64-token document: tokenized a call each" in out and "in batches" in out
 
 
 def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():

@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 
 from hf_parallel.judging import YesNoQuestion, render_judgments
-from hf_parallel.prompting import render_prompt, render_prompts
+from hf_parallel.prompting import TOKENIZE_BATCH, render_prompt, render_prompts
 
 DOCUMENT = "The committee met on Tuesday.  It chose a new chair, Ms. Ito, and closed at noon.\n\n" * 20
 QUESTIONS = ["Who chairs it?", "When did it close?", " Leading space?", "Ünïcode — and “quotes”?", "x"]
@@ -32,12 +32,13 @@ def test_render_prompts_gives_each_prompt_the_ids_of_its_own_call(tokenizers, ch
         assert render_prompts(tokenizer, DOCUMENT, [], use_chat_template=chat) == []
 
 
-def test_render_prompts_tokenizes_a_documents_prompts_in_one_call(tokenizers):
-    tokenizer = tokenizers[0]
+def test_render_prompts_tokenizes_a_documents_prompts_in_batches(tokenizers):
+    tokenizer, many = tokenizers[0], [f"Question {i}?" for i in range(TOKENIZE_BATCH + 6)]
     call = type(tokenizer).__call__
     with mock.patch.object(type(tokenizer), "__call__", autospec=True, side_effect=call) as spy:
-        prompts = render_prompts(tokenizer, DOCUMENT, QUESTIONS)
-    assert spy.call_count == 1 and len(prompts) == len(QUESTIONS)  # one batch: a fast tokenizer encodes it in parallel
+        prompts = render_prompts(tokenizer, DOCUMENT, many)
+    assert spy.call_count == 2  # batches of TOKENIZE_BATCH: a fast tokenizer encodes each on several threads
+    assert prompts == [render_prompt(tokenizer, f"{DOCUMENT}\n\n{q}") for q in many]
 
 
 def test_render_judgments_gives_each_judgment_the_ids_of_its_own_call(tokenizers):
