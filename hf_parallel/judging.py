@@ -159,8 +159,8 @@ def assemble_answers(questions, token_logprobs: list[list[torch.Tensor]], n_yes:
 def render_judgments(
     tokenizer, context, questions, template=None, use_chat_template=None, system_prompt=None
 ) -> list[list[int]]:
-    """Token ids of every judgment prompt, question after question, candidate after candidate (tokenized in one
-    call, `render_all`)."""
+    """Token ids of every judgment prompt, question after question, candidate after candidate (tokenized together,
+    `render_all`)."""
     texts = [(template or TEMPLATE).format(context=context, question=q.prompt, judgment=text)
              for q in questions for _, text in q.judgments()]  # fmt: skip
     return render_all(tokenizer, texts, use_chat_template, system_prompt)

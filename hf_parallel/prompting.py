@@ -107,12 +107,12 @@ def render_all(
 
 
 def _tokenized(tokenizer, texts: list[tuple[str, bool]]) -> list[list[int]]:
-    """The ids of `prompt_text`s (all with special tokens or all without), in batches of a Transformers tokenizer,
-    else one call each (any object called as one is: `tokenizer(text)`)."""
+    """The ids of `prompt_text`s (all with special tokens or all without): several in batches of a Transformers
+    tokenizer, else one call each (any object called as one is: `tokenizer(text)`)."""
     if not texts:
         return []
     special = {} if texts[0][1] else {"add_special_tokens": False}
-    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+    if not isinstance(tokenizer, PreTrainedTokenizerBase) or len(texts) == 1:
         return [tokenizer(text, **special)["input_ids"] for text, _ in texts]
     ids = []
     for start in range(0, len(texts), TOKENIZE_BATCH):

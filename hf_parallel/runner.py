@@ -66,8 +66,6 @@ class Runner:
         self.row = Row(layout, ids, capacity, query_group(model.config))
         self.cache_arg = cache_keyword(model)
         self.compile_failed = False
-        # compile="auto": the layers' small operations fused where decode steps are captured (a CUDA graph replays
-        # the fused kernels; elsewhere eager steps would pay the compiled regions' guards on the host)
         self.fuses = fuses_layers(opts, captured, support.recurrent)
         # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
