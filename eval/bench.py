@@ -90,7 +90,7 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6),
     "tiny": lambda: transformers.LlamaConfig(
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=8192),
+        num_key_value_heads=2, max_position_embeddings=16384 + 4096),
 }  # fmt: skip
 
 

@@ -30,12 +30,11 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eval.bench import BOOK  # noqa: E402
 from hf_parallel import generation, placement, projections, support  # noqa: E402
 from hf_parallel.layout import build_layout  # noqa: E402
 from hf_parallel.models import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
 from hf_parallel.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402
-
-BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
 
 
 def best_of(fn, repeats: int) -> float:

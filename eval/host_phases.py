@@ -27,7 +27,6 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -107,17 +106,9 @@ class Phases:
                 for k, v in sorted(self.total.items(), key=lambda kv: self.first[kv[0]])]  # fmt: skip
 
 
-def tiny_llama() -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=40000)  # fmt: skip
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="codellama-7b", help="a bench.py shape, or tiny")
+    parser.add_argument("--model", default="codellama-7b", help="a bench.py shape (tiny: a smoke run)")
     parser.add_argument("--doc", type=int, nargs="+", default=[8192])
     parser.add_argument("--questions", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--question-tokens", type=int, default=6)
@@ -126,7 +117,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", type=Path, default=None, help="write phases.json here")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = tiny_llama().to(device) if args.model == "tiny" else build_model(args.model, device)
+    model = build_model(args.model, device)
     attn = "triton" if device.type == "cuda" else "reference"
     vocab, rng, session, report = model.config.vocab_size, random.Random(0), Session(model), []
     for doc_len in args.doc:

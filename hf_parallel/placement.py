@@ -99,10 +99,6 @@ def loop_device(model: nn.Module) -> torch.device:
     return _execution_device(model) or model.device
 
 
-def spans_devices(model: nn.Module) -> bool:
-    return placement(model).spans
-
-
 def eager_only(model: nn.Module) -> bool:
     """`Placement.eager_only` of `model`."""
     return placement(model).eager_only

@@ -50,8 +50,6 @@ class Runner:
         self.device = loop_device(model)
         where = placement(model)
         self.spanning = where.spans
-        # steps of layers with a recurrent state gather and scatter per-stream states: eager and uncompiled for now;
-        # so are those of a model over several devices, offloaded or sharded (`Placement.eager_only` says why)
         captured = captures_steps(opts, self.device, where.eager_only, support.recurrent)
         if captured:  # the session's row (kept between calls), or one of this call's
             self.static = session.row_for(layout, support) if session else StaticRow.for_layout(model, layout, support)
@@ -291,7 +289,8 @@ class PrefillChunk:
 
 def captures_steps(opts: GenerationOptions, device: torch.device, eager_only: bool, recurrent: bool) -> bool:
     """Whether a call's decode steps are captured in CUDA graphs: `cuda_graphs` on a GPU, but not for layers with a
-    recurrent state or a model placed over several devices, offloaded or sharded (`Placement.eager_only`)."""
+    recurrent state (their steps gather and scatter per-stream states: eager and uncompiled for now) or a model
+    placed over several devices, offloaded or sharded (`Placement.eager_only` says why)."""
     return opts.cuda_graphs and device.type == "cuda" and not recurrent and not eager_only
 
 
