@@ -20,6 +20,8 @@
    as a prefill forward runs it (the document's run through causal SDPA); and the whole 8k document as one
    chunk, the backend against Transformers' own `sdpa` attention, each shape (`--prefill`: only these).
 `--own`: only the own plan's streams per tile and launch configs, against long own regions (own.json).
+`--dense-document`: only the document through PyTorch's dense kernels (`triton.DENSE_DOCUMENT`: flash, cuDNN,
+memory-efficient), alone and merged with the own plan, against the packed tiles (dense-document.json).
 `--whole-blocks`: only the unmasked whole blocks against every block masked, decode and the questions' prefill.
 Results: results.json and summary.md under --out.
 """
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 import triton
@@ -44,8 +47,9 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
-from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
+from hf_parallel.attention.tiles import build_tile_plan, document_range, streams_shared  # noqa: E402
 from hf_parallel.attention.triton import (  # noqa: E402
     KernelConfig,
     TritonBackend,
@@ -493,6 +497,113 @@ def own_sweep(out: Path, ceiling: float, deadline: float) -> list[dict]:
     return rows
 
 
+DENSE_CASES = [  # (shape, streams, answer slots so far): 128-token answers at 64 and 256 streams, 1,024 at 128
+    ("qwen2.5-7b", 64, 96), ("qwen2.5-7b", 256, 96), ("codellama-7b", 64, 96), ("codellama-7b", 256, 96),
+    ("qwen2.5-7b", 128, 992), ("codellama-7b", 128, 992),
+]  # fmt: skip
+DENSE_KERNELS = ("flash", "cudnn", "efficient")
+
+
+def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
+    """The document of a decode step (8,192 keys every query sees) through PyTorch's dense kernels against the
+    Triton kernel's packed tiles, per layer µs: the whole attention (one plan; the shared and own plans; the
+    document dense and the own plan beside it, merged) and the document's part alone (the shared plan; 128-row
+    tiles and 8 warps; each dense kernel, also over 2 and 4 KV splits as a batch, to see whether filling the GPU
+    pays).  Errors against the dense-mask reference."""
+    rows = []
+    for shape, streams, answer in DENSE_CASES:
+        if time.time() > deadline:
+            break
+        layout, plan, q, kv, step_bytes = decode_case(shape, streams, answer=answer)
+        heads, kv_heads, dim = SHAPES[shape]
+        group, scale = heads // kv_heads, dim**-0.5
+        document = document_range(layout)
+        assert document == (0, DOC), document
+        base = {"shape": shape, "streams": streams, "own": QUESTION + answer}
+        doc_flops = 4 * heads * dim * len(plan.q_slot) * DOC
+        want = sdpa_run(plan, q, kv[:1])[0]().float()
+        shared_mask = streams_shared(layout)
+        shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared", shared=shared_mask)
+        own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own",
+                              shared=shared_mask)  # fmt: skip
+        out_t = torch.empty(1, q.shape[2], heads, dim, device="cuda", dtype=q.dtype)
+        part_o = torch.empty(4, q.shape[2], heads, dim, device="cuda", dtype=torch.float32)
+        part_lse = torch.empty(4, q.shape[2], heads, device="cuda", dtype=torch.float32)
+
+        case = {"base": base, "want": want, "step_bytes": step_bytes, "doc_flops": doc_flops, "ceiling": ceiling}
+        add = functools.partial(_add_dense_row, rows, out / "dense-document.json", case)
+        add("triton", triton_run(layout, plan, q, kv)[2])
+        add("triton_split", [functools.partial(stream_attention, q, k, v, plan, shared, out=out_t, own=own,
+                                               overlap=True) for k, v in kv])  # fmt: skip
+        add("document_triton_shared", [functools.partial(stream_attention, q, k, v, plan, shared, out=out_t)
+                                       for k, v in kv], whole=False)  # fmt: skip
+        wide = build_tile_plan(layout, plan.q_slot, group, 128, device="cuda", part="shared", shared=shared_mask)
+        cfg = default_config(q, kv[0][0], wide)
+        add("document_triton_shared_128x8", [functools.partial(
+            stream_attention, q, k, v, plan, wide, out=out_t, config=KernelConfig(64, cfg.num_splits, 8, 3))
+            for k, v in kv], whole=False)  # fmt: skip
+        for kernel in DENSE_KERNELS:
+            with mock.patch.object(launcher, "DENSE_DOCUMENT", kernel):
+                add(
+                    f"document_{kernel}",
+                    [
+                        functools.partial(launcher.dense_attention, q, k, v, document, scale, part_o[0], part_lse[0])
+                        for k, v in kv
+                    ],
+                    whole=False,
+                )
+                for splits in (2, 4):
+                    add(
+                        f"document_{kernel}_{splits}_splits",
+                        [functools.partial(_dense_split, kernel, q, k, v, document, scale, splits) for k, v in kv],
+                        whole=False,
+                    )
+                add(
+                    f"dense_{kernel}",
+                    [
+                        functools.partial(
+                            stream_attention, q, k, v, plan, shared, out=out_t, own=own, overlap=True, document=document
+                        )
+                        for k, v in kv
+                    ],
+                )
+        del kv
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _add_dense_row(rows: list[dict], path: Path, case: dict, name: str, fns, whole: bool = True, **info) -> None:
+    """`dense_document_ab`'s row of `fns` (whole: the whole attention, its error against the reference; else the
+    document's part, its rate)."""
+    try:
+        err = (fns[0]().float() - case["want"]).abs().max().item() if whole else None
+        us = measure(fns)
+    except Exception as exc:  # a kernel that does not take the shape, or is not captured in a graph
+        rows.append({**case["base"], "method": name, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+        keep(rows, path)
+        return
+    if whole:
+        info.update(max_abs_err_vs_sdpa=round(err, 4), of_copy_bw=round(case["step_bytes"] / (us * 1e-6)
+                                                                        / case["ceiling"], 3))  # fmt: skip
+    else:
+        info["document_TFLOP/s"] = round(case["doc_flops"] / us / 1e6)
+    rows.append({**case["base"], "method": name, "us": round(us, 1), **info})
+    keep(rows, path)
+
+
+def _dense_split(kernel, query, key, value, document, scale, splits):
+    """The document's keys cut into `splits` equal parts, a batch of one dense call (the timing only: outputs and
+    log-sum-exps left unmerged)."""
+    _, heads, n, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.reshape(1, kv_heads, heads // kv_heads * n, dim).expand(splits, -1, -1, -1)
+    k, v = key[:, :, document[0] : document[1]], value[:, :, document[0] : document[1]]
+    part = k.shape[2] // splits
+    k, v = (t.as_strided((splits, kv_heads, part, dim), (part * t.stride(2), t.stride(1), t.stride(2), 1))
+            for t in (k, v))  # fmt: skip
+    return launcher.dense_call(kernel, q, k, v, scale)[0]
+
+
 def write_summary(out: Path, results: dict) -> None:
     lines = [f"# Triton kernel GPU check\n\ndevice: {results['device']}, copy bandwidth "
              f"{results['copy_GBps']} GB/s\n\npytest: {results['tests']}\n",
@@ -520,6 +631,11 @@ def main() -> None:
                         help="only the questions' prefill sweep (question-prefill.json)")  # fmt: skip
     parser.add_argument("--own", action="store_true", help="only the own plan's sweep (own.json)")
     parser.add_argument(
+        "--dense-document",
+        action="store_true",
+        help="only the document through dense kernels against the packed tiles (dense-document.json)",
+    )
+    parser.add_argument(
         "--whole-blocks",
         action="store_true",
         help="only the unmasked whole blocks against every block masked (whole-blocks.json)",
@@ -538,6 +654,9 @@ def main() -> None:
         return
     if args.own:
         own_sweep(args.out, copy_bandwidth(), start + args.budget)
+        return
+    if args.dense_document:
+        dense_document_ab(args.out, copy_bandwidth(), start + args.budget)
         return
     if args.prefill:
         (args.out / "prefill.json").write_text(json.dumps(bench_prefill(), indent=1))

@@ -674,3 +674,91 @@ def test_generate_matches_model_generate(arch, options):
     layout = build_layout(prompts, 6, interleaved=options.get("interleaved", False))
     got = Runner(model, layout, opts, opts.attn).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]
+
+
+# -- a decode forward's document through a dense kernel (`DENSE_DOCUMENT`) --
+
+DENSE_KERNELS = ["flash", "cudnn", "efficient"] if CUDA else ["flash"]  # the CPU runs PyTorch's CPU flash kernel
+
+
+def test_document_range_is_the_keys_every_stream_sees_whole():
+    """One document every stream sees, laid out before their own slots: its range; anything else: None."""
+    gen = torch.Generator().manual_seed(5)
+    doc, q = random_tokens(20, gen), [random_tokens(3, gen) for _ in range(3)]
+    assert tile_plans.document_range(build_layout([doc + q[0], doc + q[1]], 4)) == (0, 20)
+    assert tile_plans.document_range(build_layout([doc + q[0], doc + q[0][:1]], 4)) == (0, 21)  # shared to q's 1st
+    assert tile_plans.document_range(build_layout([doc + q[0]], 4)) is None  # one stream: nothing shared
+    assert tile_plans.document_range(build_layout([doc + q[0], q[1]], 4)) is None  # a stream without it
+    tree = [doc + q[0] + q[1], doc + q[0] + q[2], doc + q[1]]  # doc+q0 shared by two, doc by three
+    assert tile_plans.document_range(build_layout(tree, 4)) is None
+    assert tile_plans.document_range(build_layout([doc + q[0], doc + q[1]], 4, interleaved=True)) is None
+
+
+@pytest.mark.parametrize("kernel", DENSE_KERNELS)
+@pytest.mark.parametrize("seed", range(6))
+def test_dense_document_matches_the_reference(kernel, seed, monkeypatch):
+    """Decode forwards with the document through a dense kernel and the rest through the own plan, merged by
+    log-sum-exp: eager and captured plans, as streams leave down to one (the own plan then still leaves the document
+    out), 16-bit and fp32 (the memory-efficient kernel), MHA and GQA; rows without one document run as before."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", kernel)
+    rng = random.Random(seed)
+    dtype = [torch.bfloat16, torch.float32, torch.float16][seed % 3]
+    heads = HEADS[seed % len(HEADS)]
+    gen = torch.Generator().manual_seed(seed)
+    doc = random_tokens(DOC, gen)
+    questions = [[3 + i] + random_tokens(i % 4, gen) for i in range(rng.choice(STREAMS[1:]))]  # none shares a token
+    layouts = [build_layout([doc + q for q in questions], 5)] + list(_row_layouts(rng))
+    for layout in layouts:
+        row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=heads[0] // heads[1])
+        backend = TritonBackend()
+        streams = list(range(layout.num_prompts))
+        static = backend.static_plan(row, bucket=len(streams))
+        for live in (streams, sorted(rng.sample(streams, max(1, len(streams) // 2))), streams[-1:]):
+            step = rng.randrange(layout.max_new_tokens)
+            q_slot = layout.answer_slots[live, step].to(DEVICE)
+            eager = backend.plan(row, q_slot, layout.num_slots)
+            assert eager.document == tile_plans.document_range(layout)
+            assert layout is not layouts[0] or eager.document == (0, DOC)
+            padded = layout.answer_slots[live + live[-1:] * (len(streams) - len(live)), step].to(DEVICE)
+            static.update(row, padded)
+            for plan in (eager, static.plan(row, padded)):
+                q, k, v = random_qkv(plan, *heads, HEAD_DIMS[seed % len(HEAD_DIMS)], dtype, seed)
+                want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan)[0]
+                got = backend.attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+                atol, rtol = TOLERANCE[dtype]
+                torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_forward_with_a_query_inside_the_document_sees_it_causally(dtype, monkeypatch):
+    """A prefill chunk of one token a segment (the document's last and one-token questions) plans as a decode
+    forward, but its document token sees the document causally: no dense document there."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    gen = torch.Generator().manual_seed(8)
+    doc = random_tokens(DOC, gen)
+    layout = build_layout([doc + [3 + i] for i in range(3)], 4)
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    backend = TritonBackend()
+    questions = [layout.segments[layout.segments[a].parent].slot_start for a in layout.answer_segs]
+    for q_slot in (torch.tensor([DOC - 1] + questions[:2]), layout.answer_slots[:, 0]):
+        plan = backend.plan(row, q_slot.to(DEVICE), layout.num_slots)
+        assert plan.own_tiles is not None and (plan.document is None) == (q_slot[0] < DOC)
+        q, k, v = random_qkv(plan, 4, 2, HEAD_DIMS[0], dtype, seed=8)
+        want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan)[0]
+        got = backend.attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype][0], rtol=TOLERANCE[dtype][1])
+
+
+def test_dense_document_generates_as_model_generate(monkeypatch):
+    """The default Triton path with the document dense: `model.generate`'s tokens, the dense kernel run."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    calls = []
+    original = launcher.dense_attention
+    monkeypatch.setattr(launcher, "dense_attention", lambda *a: calls.append(a[3]) or original(*a))
+    model = tiny_model("qwen2").to(DEVICE)
+    gen = torch.Generator().manual_seed(6)
+    doc = random_tokens(27, gen)
+    prompts = [doc + random_tokens(n, gen) for n in (2, 5, 3, 1)]
+    got = generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], attn="triton")
+    assert got == [generate_alone(model, p, 6) for p in prompts]
+    assert calls and set(calls) == {(0, 27)}

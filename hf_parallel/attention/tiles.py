@@ -131,7 +131,7 @@ class TilePlan:
 def build_tile_plan(
     layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
     streams_per_tile: int | None = None, device: torch.device | str | None = None,
-    skip: tuple[CausalRun, ...] = (), part: str = "all",
+    skip: tuple[CausalRun, ...] = (), part: str = "all", shared: np.ndarray | None = None,
 ) -> TilePlan:  # fmt: skip
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
@@ -143,6 +143,9 @@ def build_tile_plan(
         segment (a document); "own" only the others (a stream's question and answer), in tiles of
         `streams_per_tile` queries.  The two parts' partial outputs merge as KV splits do (stream-major
         layouts: every segment a slot range).
+    shared: with part "shared" or "own", [num_segments] bool: the segments counted as shared (default: those the
+        queries of two or more segments see; `streams_shared` gives the layout's own, which leaving streams
+        do not change).
     """
     if part not in ("all", "shared", "own"):
         raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
@@ -160,7 +163,7 @@ def build_tile_plan(
         order, per_tile = order[planned[order]], min(rows // group, streams_per_tile or rows)
         if block_m is None:  # the fullest tile's rows, as below
             rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), per_tile)))
-        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group, part)
+        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group, part, shared)
     else:
         tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
         if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
@@ -200,8 +203,36 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
     return got
 
 
+def streams_shared(layout: Layout) -> np.ndarray | None:
+    """[num_segments] bool: the segments two or more of the layout's streams see (None where a segment is not a
+    slot range)."""
+    table = _segment_table(layout)
+    if table is None:
+        return None
+    chains = table.chains[layout.answer_segs]
+    return np.bincount(chains[chains >= 0], minlength=len(table.start)) > 1
+
+
+def document_range(layout: Layout) -> tuple[int, int] | None:
+    """The slots [start, stop) of the segments two or more of the layout's streams see, where every stream sees
+    them all and they lie one after another: the keys every decode query of the row sees whole (a document),
+    which one dense attention call can serve.  None otherwise (no shared prefix, several documents, a tree)."""
+    got = layout.chains.get("document", False)
+    if got is False:
+        got, shared = None, streams_shared(layout)
+        if shared is not None and shared.any():
+            table = _segment_table(layout)
+            segs = np.flatnonzero(shared)  # pre-order: an ancestor before its descendants
+            everyone = (np.isin(table.chains[layout.answer_segs], segs).sum(1) == len(segs)).all()
+            if everyone and (table.start[segs[1:]] == table.stop[segs[:-1]]).all():
+                got = (int(table.start[segs[0]]), int(table.stop[segs[-1]]))
+        layout.chains["document"] = got
+    return got
+
+
 def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
-                 block_m: int, group: int, part: str = "all") -> TilePlan:  # fmt: skip
+                 block_m: int, group: int, part: str = "all",
+                 shared: np.ndarray | None = None) -> TilePlan:  # fmt: skip
     """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
     queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped
     at its last member's slot unless a member sees it whole, chains down the tree merged, and each member's
@@ -211,9 +242,10 @@ def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_
     tile, local = np.divmod(np.arange(len(order)), per_tile)
     chain = table.chains[q_seg[order]]  # [M, depth]: each member's segment and its ancestors
     valid = chain >= 0
-    if part != "all":  # a segment is shared when queries of two or more segments see it
-        pairs = np.unique(np.stack([chain[valid], np.broadcast_to(q_seg[order][:, None], chain.shape)[valid]]), axis=1)
-        shared = np.bincount(pairs[0], minlength=len(table.start)) > 1
+    if part != "all":
+        if shared is None:  # a segment is shared when queries of two or more segments see it
+            pairs = np.stack([chain[valid], np.broadcast_to(q_seg[order][:, None], chain.shape)[valid]])
+            shared = np.bincount(np.unique(pairs, axis=1)[0], minlength=len(table.start)) > 1
         valid &= shared[np.maximum(chain, 0)] == (part == "shared")
     m_idx, k_idx = np.nonzero(valid)
     seg, own = chain[m_idx, k_idx], k_idx == 0
