@@ -28,6 +28,7 @@ import gzip
 import inspect
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -35,21 +36,20 @@ import torch
 import transformers
 from transformers import LogitsProcessor
 
-import hf_parallel
-from hf_parallel.attention import resolve_backend
-from hf_parallel.budget import row_budget
-from hf_parallel.layout import build_layout
-from hf_parallel.support import check_support
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-BOOK = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "war-and-peace.txt.gz"
+import hf_parallel  # noqa: E402
+from eval.bench import BOOK  # noqa: E402
+from eval.bench import SHAPES as BENCH_SHAPES  # noqa: E402
+from hf_parallel.attention import resolve_backend  # noqa: E402
+from hf_parallel.budget import row_budget  # noqa: E402
+from hf_parallel.layout import build_layout  # noqa: E402
+from hf_parallel.support import check_support  # noqa: E402
+
 LENGTH_BASE = 1000  # the question's last token is LENGTH_BASE + its answer length
-SHAPES = {
-    "codellama-7b": lambda: transformers.LlamaConfig(
-        vocab_size=32016, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, max_position_embeddings=16384 + 4096, rope_theta=1e6),
-    "qwen2.5-7b": lambda: transformers.Qwen2Config(
-        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, max_position_embeddings=32768, rope_theta=1e6),
+SHAPES = {  # bench's model shapes; a tiny one whose vocabulary holds LENGTH_BASE + every answer length
+    "codellama-7b": BENCH_SHAPES["codellama-7b"],
+    "qwen2.5-7b": BENCH_SHAPES["qwen2.5-7b"],
     "tiny": lambda: transformers.LlamaConfig(
         vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=16384),

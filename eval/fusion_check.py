@@ -15,27 +15,19 @@ difference from the eager rotary embedding.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 import triton
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hf_parallel.fusion import OPTIONS  # noqa: E402
 
 SHAPES = {"codellama": (32, 32, 128), "qwen": (28, 4, 128)}  # heads, KV heads, head size
 CASES = ((8192, False), (256, True), (64, True), (128, True))  # tokens, q and k views of one q|k|v output
-
-
-def rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rot(q, k, cos, sin):  # transformers' Llama apply_rotary_pos_emb
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
-
-
-def rms(x, w):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
-    return w * xf.to(x.dtype)
 
 
 def inputs(H, Hkv, D, n, strided):
@@ -55,23 +47,22 @@ def main() -> None:
         for variant in ("dynamic=True", "token dim"):
             torch._dynamo.reset()
             before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-            opts = {"emulate_precision_casts": True}
-            f = torch.compile(rot, dynamic=True if variant == "dynamic=True" else None, options=opts)
-            g = torch.compile(rms, dynamic=True if variant == "dynamic=True" else None, options=opts)
-            res = []
+            dynamic = True if variant == "dynamic=True" else None
+            f = torch.compile(apply_rotary_pos_emb, dynamic=dynamic, options=OPTIONS)
+            g = torch.compile(LlamaRMSNorm.forward, dynamic=dynamic, options=OPTIONS)  # as fusion.py: the class's
+            norm, res = LlamaRMSNorm(H * D, eps=1e-6).to("cuda", torch.bfloat16), []
             for n, strided in CASES:
                 q, k, c, s = inputs(H, Hkv, D, n, strided)
                 x = torch.randn(1, n, H * D, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(H * D, device="cuda", dtype=torch.bfloat16)
                 if variant != "dynamic=True":
                     for t, d in ((q, 2), (k, 2), (c, 1), (s, 1), (x, 1)):
                         torch._dynamo.mark_dynamic(t, d)
-                want = rot(q, k, c, s)
+                want = apply_rotary_pos_emb(q, k, c, s)
                 got = f(q, k, c, s)
                 err = max((a.float() - b.float()).abs().max().item() for a, b in zip(want, got))
-                g(x, w)
+                g(norm, x)
                 us_r = triton.testing.do_bench_cudagraph(lambda: f(q, k, c, s)) * 1e3  # noqa: B023 - called here
-                us_n = triton.testing.do_bench_cudagraph(lambda: g(x, w)) * 1e3  # noqa: B023
+                us_n = triton.testing.do_bench_cudagraph(lambda: g(norm, x)) * 1e3  # noqa: B023
                 res.append(f"n={n}{'s' if strided else 'c'} rot {us_r:.1f}us norm {us_n:.1f}us err {err:.3g}")
             graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
             print(name, variant, "graphs", graphs, "|", " | ".join(res), flush=True)
