@@ -407,6 +407,8 @@ def dense_attention(query, key, value, document: tuple[int, int], scale: float, 
     one call serves the group: q [1, H_kv, group * N, D] against the keys' slice of the cache."""
     _, heads, n, dim = query.shape
     kv_heads = key.shape[1]
+    if key.shape[2] < document[1]:
+        raise ValueError(f"the document's slots {document} pass the {key.shape[2]} keys given")
     q = query.reshape(1, kv_heads, heads // kv_heads * n, dim)  # head h = kv_head * group + g: rows g * n + i
     k, v = key[:, :, document[0] : document[1]], value[:, :, document[0] : document[1]]
     o, lse = dense_call(dense_kernel(query), q, k, v, scale)
