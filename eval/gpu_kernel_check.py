@@ -527,8 +527,6 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
         own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own",
                               shared=shared_mask)  # fmt: skip
         out_t = torch.empty(1, q.shape[2], heads, dim, device="cuda", dtype=q.dtype)
-        part_o = torch.empty(4, q.shape[2], heads, dim, device="cuda", dtype=torch.float32)
-        part_lse = torch.empty(4, q.shape[2], heads, device="cuda", dtype=torch.float32)
 
         case = {"base": base, "want": want, "step_bytes": step_bytes, "doc_flops": doc_flops, "ceiling": ceiling}
         add = functools.partial(_add_dense_row, rows, out / "dense-document.json", case)
@@ -546,10 +544,7 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
             with mock.patch.object(launcher, "DENSE_DOCUMENT", kernel):
                 add(
                     f"document_{kernel}",
-                    [
-                        functools.partial(launcher.dense_attention, q, k, v, document, scale, part_o[0], part_lse[0])
-                        for k, v in kv
-                    ],
+                    [functools.partial(launcher.dense_attention, q, k, v, document, scale) for k, v in kv],
                     whole=False,
                 )
                 for splits in (2, 4):

@@ -44,7 +44,6 @@ OWN_TILES_MIN_ANSWER = 512  # own_tiles="auto": answer room per stream from whic
 # dense attention kernels, "flash", "cudnn" or "efficient", its log-sum-exp merged with the own plan's; None: the
 # packed tiles.  eval/gpu_kernel_check.py --dense-document and eval/bench.py's pp_dense_* time it.
 DENSE_DOCUMENT: str | None = None
-LOG2E = 1.4426950408889634
 
 
 @dataclass
@@ -354,36 +353,32 @@ def stream_attention(
             own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages,
                                    config.whole_blocks)  # fmt: skip
     dense = own is not None and document is not None and dense_kernel(query) is not None
-    if dense:
-        if sliding_window is not None or softcap is not None or sinks is not None:
-            raise ValueError("the dense document takes no sliding window, softcap or sinks (its layers run `tiles`)")
-        cfg = KernelConfig(cfg.block_n, 1, cfg.num_warps, cfg.num_stages, cfg.whole_blocks)  # one partial output
-    splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
+    if dense and (sliding_window is not None or softcap is not None or sinks is not None):
+        raise ValueError("the dense document takes no sliding window, softcap or sinks (its layers run `tiles`)")
+    own_offset = 0 if dense else cfg.num_splits  # the own plan's first partial output
+    splits = own_offset + (own_cfg.num_splits if own_cfg is not None else 0)
+    merged = splits > 1 or dense  # partial outputs, merged by combine_splits
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
-    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
-    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
+    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if merged else out
+    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if merged else out
     args = (scale, softcap, sliding_window, sinks)
     with _on_device(query.device):  # Triton launches on the current device: a layer's may be another GPU
         side = _attention_stream(query.device) if own is not None and overlap and query.is_cuda else None
         if side is not None:  # the own plan beside the first (a fork and a join: capturable in a CUDA graph)
             side.wait_stream(torch.cuda.current_stream(query.device))
             with torch.cuda.stream(side):
-                _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
+                _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, own_offset)
+        dense_o = dense_lse = None
         if dense:
-            dense_attention(query, key, value, document, scale, part_o[0], part_lse[0])
+            dense_o, dense_lse = dense_attention(query, key, value, document, scale)
         elif tiles.num_tiles or own is not None:
             _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, *args)
         if own is not None and side is None:
-            _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
+            _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, own_offset)
         if side is not None:
             torch.cuda.current_stream(query.device).wait_stream(side)
-        if splits > 1:  # only with tiles (`default_config`)
-            block_d = max(16, triton.next_power_of_2(dim))
-            builds.run_kernel(
-                kernels.combine_splits, (triton.cdiv(n * heads, 16),),
-                part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
-                HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
-            )  # fmt: skip
+        if merged:  # only with tiles (`default_config`) or a dense document
+            _combine(part_o, part_lse, out, splits, dense_o, dense_lse, heads // key.shape[1])
     for run in runs:  # after the kernel: combine_splits writes every row
         out[0, run.first : run.stop] = causal_attention(query, key, value, run, scale).transpose(0, 1)
     return out
@@ -400,11 +395,24 @@ def dense_kernel(query: torch.Tensor) -> str | None:
     return "efficient" if query.dtype == torch.float32 else DENSE_DOCUMENT
 
 
-def dense_attention(query, key, value, document: tuple[int, int], scale: float, part_o: torch.Tensor,
-                    part_lse: torch.Tensor) -> None:  # fmt: skip
-    """Every query over keys [start, stop) by a dense kernel (`dense_kernel`), written as a KV split's partial
-    output: part_o [N, H, D] float32, part_lse [N, H] (base 2).  A KV head's query heads fold into its rows, so
-    one call serves the group: q [1, H_kv, group * N, D] against the keys' slice of the cache."""
+def _combine(part_o, part_lse, out, splits: int, dense_o, dense_lse, group: int) -> None:
+    """`combine_splits` of the partial outputs (and a dense part first, as `dense_attention` returns it) into out."""
+    n, heads, dim = out.shape[1:]
+    dense = dense_o is not None
+    dense_o, dense_lse = (dense_o, dense_lse) if dense else (part_o, part_lse)  # not read without DENSE
+    strides = (dense_o.stride(0), dense_o.stride(1), dense_lse.stride(0), dense_lse.stride(1)) if dense else (0,) * 4
+    builds.run_kernel(
+        kernels.combine_splits, (triton.cdiv(n * heads, 16),),
+        part_o, part_lse, out, dense_o, dense_lse, n * heads, heads, splits, out.stride(1), out.stride(2), n, *strides,
+        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_R=16, GROUP=group, DENSE=dense,
+    )  # fmt: skip
+
+
+def dense_attention(query, key, value, document: tuple[int, int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every query over keys [start, stop) by a dense kernel (`dense_kernel`): output [H_kv, group * N, D] (the
+    input dtype) and log-sum-exp [H_kv, >= group * N] (natural), as `combine_splits` reads them.  A KV head's query
+    heads fold into its rows, so one call serves the group: q [1, H_kv, group * N, D] against the keys' slice of
+    the cache."""
     _, heads, n, dim = query.shape
     kv_heads = key.shape[1]
     if key.shape[2] < document[1]:
@@ -412,9 +420,8 @@ def dense_attention(query, key, value, document: tuple[int, int], scale: float, 
     q = query.reshape(1, kv_heads, heads // kv_heads * n, dim)  # head h = kv_head * group + g: rows g * n + i
     k, v = key[:, :, document[0] : document[1]], value[:, :, document[0] : document[1]]
     o, lse = dense_call(dense_kernel(query), q, k, v, scale)
-    part_o.copy_(o.reshape(heads, n, dim).transpose(0, 1))
-    lse = lse.reshape(kv_heads, -1)[:, : q.shape[2]]  # the efficient kernel pads its rows to a multiple of 32
-    torch.mul(lse.reshape(heads, n).t(), LOG2E, out=part_lse)
+    o = o[0] if o.stride(-1) == 1 else o[0].contiguous()
+    return o, lse.reshape(kv_heads, -1)  # cuDNN's [1, H_kv, M, 1]; the efficient kernel's rows padded to 32s
 
 
 def dense_call(kernel: str, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
