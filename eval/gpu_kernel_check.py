@@ -515,6 +515,7 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
         if time.time() > deadline:
             break
         layout, plan, q, kv, step_bytes = decode_case(shape, streams, answer=answer)
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a model's layout: [1, N, H, D] seen as [1, H, N, D]
         heads, kv_heads, dim = SHAPES[shape]
         group, scale = heads // kv_heads, dim**-0.5
         document = document_range(layout)
