@@ -205,12 +205,15 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
 
 def streams_shared(layout: Layout) -> np.ndarray | None:
     """[num_segments] bool: the segments two or more of the layout's streams see (None where a segment is not a
-    slot range)."""
-    table = _segment_table(layout)
-    if table is None:
-        return None
-    chains = table.chains[layout.answer_segs]
-    return np.bincount(chains[chains >= 0], minlength=len(table.start)) > 1
+    slot range); kept on the layout."""
+    got = layout.chains.get("shared", False)
+    if got is False:
+        got, table = None, _segment_table(layout)
+        if table is not None:
+            chains = table.chains[layout.answer_segs]
+            got = np.bincount(chains[chains >= 0], minlength=len(table.start)) > 1
+        layout.chains["shared"] = got
+    return got
 
 
 def document_range(layout: Layout) -> tuple[int, int] | None:
