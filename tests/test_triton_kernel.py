@@ -749,6 +749,26 @@ def test_a_forward_with_a_query_inside_the_document_sees_it_causally(dtype, monk
         torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype][0], rtol=TOLERANCE[dtype][1])
 
 
+def test_collecting_a_dense_forwards_launches_runs_no_dense_kernel(monkeypatch):
+    """`TritonBackend.prebuild` collects a forward's launches: with a dense document, the merge's (DENSE) among
+    them, and the dense kernel not run on the stand-in tensors."""
+    from hf_parallel import builds
+
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    calls = []
+    monkeypatch.setattr(launcher, "dense_attention", lambda *a: calls.append(a))
+    gen = torch.Generator().manual_seed(9)
+    doc = random_tokens(DOC, gen)
+    layout = build_layout([doc + [3 + i] for i in range(3)], 4)
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    plan = TritonBackend().plan(row, layout.answer_slots[:, 1].to(DEVICE), layout.num_slots)
+    q, k, v = random_qkv(plan, 4, 2, 16, torch.bfloat16, seed=9)
+    with builds.collecting() as launches:
+        TritonBackend._attend(q, k, v, plan, None, None, None, None, overlap=False, runs=False)
+    merges = [kwargs["DENSE"] for kernel, _, _, kwargs in launches if kernel is kernels.combine_splits]
+    assert calls == [] and merges == [True]
+
+
 def test_dense_document_generates_as_model_generate(monkeypatch):
     """The default Triton path with the document dense: `model.generate`'s tokens, the dense kernel run."""
     monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])

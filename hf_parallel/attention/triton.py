@@ -146,7 +146,7 @@ class TritonBackend(AttentionBackend):
         plain = window is None and softcap is None and sinks is None
         if plan.runs and plain:
             return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
-        document = plan.document if plain and runs else None  # prebuild (runs=False) collects the kernel's launches
+        document = plan.document if plain else None
         return stream_attention(query, key, value, plan, plan.tiles, scaling, window, softcap, sinks,
                                 own=plan.own_tiles, overlap=overlap, document=document)  # fmt: skip
 
@@ -369,7 +369,10 @@ def stream_attention(
             with torch.cuda.stream(side):
                 _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, own_offset)
         dense_o = dense_lse = None
-        if dense:
+        if dense and builds.is_collecting():  # prebuild: stand-ins of the dense part, for combine_splits' build
+            rows = heads // key.shape[1] * n
+            dense_o, dense_lse = query.new_empty(key.shape[1], rows, dim), query.new_empty(key.shape[1], rows).float()
+        elif dense:
             dense_o, dense_lse = dense_attention(query, key, value, document, scale)
         elif tiles.num_tiles or own is not None:
             _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, *args)
