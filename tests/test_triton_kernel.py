@@ -769,6 +769,20 @@ def test_collecting_a_dense_forwards_launches_runs_no_dense_kernel(monkeypatch):
     assert calls == [] and merges == [True]
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "mistral", "gpt_oss", "qwen3_5_text"])
+def test_dense_document_with_softcaps_windows_sinks_and_recurrent_layers_matches_model_generate(arch, monkeypatch):
+    """With the document dense, a layer with a softcap, a window or sinks runs the shared tiles instead, and a
+    hybrid model's recurrent layers run as before: `model.generate`'s tokens."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    model = tiny_model(arch).to(DEVICE)
+    gen = torch.Generator().manual_seed(7)
+    doc = random_tokens(30, gen)
+    prompts = [doc + [3 + i] + random_tokens(n, gen) for i, n in enumerate((0, 3, 6))]
+    opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False, attn=TritonBackend())
+    got = Runner(model, build_layout(prompts, 6), opts, opts.attn).run()
+    assert got == [generate_alone(model, p, 6) for p in prompts]
+
+
 def test_dense_document_generates_as_model_generate(monkeypatch):
     """The default Triton path with the document dense: `model.generate`'s tokens, the dense kernel run."""
     monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
