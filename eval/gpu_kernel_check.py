@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
-from hf_parallel.attention.tiles import build_tile_plan, document_range, streams_shared  # noqa: E402
+from hf_parallel.attention.tiles import build_tile_plan, document_range, document_segments  # noqa: E402
 from hf_parallel.attention.triton import (  # noqa: E402
     KernelConfig,
     TritonBackend,
@@ -523,7 +523,7 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
         base = {"shape": shape, "streams": streams, "own": QUESTION + answer}
         doc_flops = 4 * heads * dim * len(plan.q_slot) * DOC
         want = sdpa_run(plan, q, kv[:1])[0]().float()
-        shared_mask = streams_shared(layout)
+        shared_mask = document_segments(layout)
         shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared", shared=shared_mask)
         own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own",
                               shared=shared_mask)  # fmt: skip

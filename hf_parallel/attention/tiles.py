@@ -144,8 +144,8 @@ def build_tile_plan(
         `streams_per_tile` queries.  The two parts' partial outputs merge as KV splits do (stream-major
         layouts: every segment a slot range).
     shared: with part "shared" or "own", [num_segments] bool: the segments counted as shared (default: those the
-        queries of two or more segments see; `streams_shared` gives the layout's own, which leaving streams
-        do not change).
+        queries of two or more segments see; `document_segments` gives those every stream of the layout sees,
+        which leaving streams do not change).
     """
     if part not in ("all", "shared", "own"):
         raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
@@ -203,31 +203,32 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
     return got
 
 
-def streams_shared(layout: Layout) -> np.ndarray | None:
-    """[num_segments] bool: the segments two or more of the layout's streams see (None where a segment is not a
-    slot range); kept on the layout."""
-    got = layout.chains.get("shared", False)
+def document_segments(layout: Layout) -> np.ndarray | None:
+    """[num_segments] bool: the segments every one of the layout's streams sees, two or more streams (from the root
+    down: a document, and whatever all its prompts share after it); None where there are none, fewer streams, or a
+    segment is not a slot range.  Kept on the layout."""
+    got = layout.chains.get("document_segments", False)
     if got is False:
         got, table = None, _segment_table(layout)
-        if table is not None:
+        if table is not None and layout.num_prompts > 1:
             chains = table.chains[layout.answer_segs]
-            got = np.bincount(chains[chains >= 0], minlength=len(table.start)) > 1
-        layout.chains["shared"] = got
+            everyone = np.bincount(chains[chains >= 0], minlength=len(table.start)) == layout.num_prompts
+            got = everyone if everyone.any() else None
+        layout.chains["document_segments"] = got
     return got
 
 
 def document_range(layout: Layout) -> tuple[int, int] | None:
-    """The slots [start, stop) of the segments two or more of the layout's streams see, where every stream sees
-    them all and they lie one after another: the keys every decode query of the row sees whole (a document),
-    which one dense attention call can serve.  None otherwise (no shared prefix, several documents, a tree)."""
+    """The slots [start, stop) of the segments every stream sees (`document_segments`), where they lie one after
+    another: the keys every decode query of the row sees whole, which one dense attention call can serve.  None
+    otherwise (no common prefix, several documents)."""
     got = layout.chains.get("document", False)
     if got is False:
-        got, shared = None, streams_shared(layout)
-        if shared is not None and shared.any():
+        got, common = None, document_segments(layout)
+        if common is not None:
             table = _segment_table(layout)
-            segs = np.flatnonzero(shared)  # pre-order: an ancestor before its descendants
-            everyone = (np.isin(table.chains[layout.answer_segs], segs).sum(1) == len(segs)).all()
-            if everyone and (table.start[segs[1:]] == table.stop[segs[:-1]]).all():
+            segs = np.flatnonzero(common)  # a chain from the root, in pre-order
+            if (table.start[segs[1:]] == table.stop[segs[:-1]]).all():
                 got = (int(table.start[segs[0]]), int(table.stop[segs[-1]]))
         layout.chains["document"] = got
     return got

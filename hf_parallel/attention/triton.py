@@ -33,7 +33,7 @@ from .tiles import (
     build_tile_plan,
     causal_runs,
     document_range,
-    streams_shared,
+    document_segments,
 )
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -224,9 +224,9 @@ def dense_document(row: Row, q_slot: torch.Tensor | None = None) -> tuple[int, i
 
 def _document_segments(row: Row, document: tuple[int, int] | None):
     """With a dense document, the segments the shared part holds: the document's, whichever streams are live (the
-    own plan must leave out what the dense kernel computes, also once one stream is left); else None (by the
-    forward's queries)."""
-    return streams_shared(row.layout) if document is not None else None
+    own plan must leave out what the dense kernel computes, also once one stream is left, and takes what only some
+    streams share); else None (by the forward's queries)."""
+    return document_segments(row.layout) if document is not None else None
 
 
 def _one_query_per_stream(layout, q_slot: torch.Tensor) -> bool:
