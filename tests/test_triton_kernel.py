@@ -753,6 +753,24 @@ def test_a_forward_with_a_query_inside_the_document_sees_it_causally(dtype, monk
         torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype][0], rtol=TOLERANCE[dtype][1])
 
 
+def test_a_head_dim_the_dense_kernels_do_not_take_runs_the_shared_tiles(monkeypatch):
+    """Head dims not a multiple of 8: the document's part through the packed shared tiles, no dense call."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    calls = []
+    monkeypatch.setattr(launcher, "dense_attention", lambda *a: calls.append(a))
+    gen = torch.Generator().manual_seed(10)
+    doc = random_tokens(DOC, gen)
+    layout = build_layout([doc + [3 + i] for i in range(3)], 4)
+    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
+    plan = TritonBackend().plan(row, layout.answer_slots[:, 2].to(DEVICE), layout.num_slots)
+    assert plan.document == (0, DOC)
+    q, k, v = random_qkv(plan, 4, 2, 20, torch.float32, seed=10)
+    want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+    got = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+    torch.testing.assert_close(got, want, atol=TOLERANCE[torch.float32][0], rtol=TOLERANCE[torch.float32][1])
+    assert calls == []
+
+
 def test_collecting_a_dense_forwards_launches_runs_no_dense_kernel(monkeypatch):
     """`TritonBackend.prebuild` collects a forward's launches: with a dense document, the merge's (DENSE) among
     them, and the dense kernel not run on the stand-in tensors."""

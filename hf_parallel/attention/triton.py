@@ -390,9 +390,9 @@ def stream_attention(
 def dense_kernel(query: torch.Tensor) -> str | None:
     """The kernel `dense_attention` runs on queries like `query`: `DENSE_DOCUMENT` on CUDA in 16 bits (fp32: the
     memory-efficient kernel, the one of the three that takes it), PyTorch's CPU flash kernel on the CPU (the
-    interpreter's tests); None where `DENSE_DOCUMENT` is None."""
-    if DENSE_DOCUMENT is None:
-        return None
+    interpreter's tests); None where `DENSE_DOCUMENT` is None or the head dim is one they do not take."""
+    if DENSE_DOCUMENT is None or query.shape[-1] % 8 or query.shape[-1] > MAX_HEAD_DIM:
+        return None  # head dims the three take: multiples of 8 up to 256 (else the packed tiles)
     if query.device.type != "cuda":
         return "cpu"
     return "efficient" if query.dtype == torch.float32 else DENSE_DOCUMENT
