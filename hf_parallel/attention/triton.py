@@ -4,7 +4,9 @@
 visits) once on the host; every layer's launch reuses it.  A captured decode step keeps
 its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when streams leave.
 A prefill forward's document tokens see an ordinary causal prefix: there PyTorch's causal
-SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.
+SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.  A decode
+forward's document, which every query sees whole, can go through one of PyTorch's dense kernels
+instead, merged with the kernel's own plan (`DENSE_DOCUMENT`, off by default).
 """
 
 from __future__ import annotations
