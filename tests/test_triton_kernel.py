@@ -753,17 +753,23 @@ def test_a_forward_with_a_query_inside_the_document_sees_it_causally(dtype, monk
         torch.testing.assert_close(got.float(), want, atol=TOLERANCE[dtype][0], rtol=TOLERANCE[dtype][1])
 
 
-def test_a_head_dim_the_dense_kernels_do_not_take_runs_the_shared_tiles(monkeypatch):
-    """Head dims not a multiple of 8: the document's part through the packed shared tiles, no dense call."""
+def _dense_decode_plan(monkeypatch, seed: int, step: int):
+    """With `DENSE_DOCUMENT` set and `dense_attention` recorded, not run: the plan of a decode forward at answer step
+    `step` over a document and three one-token questions (group 2), and the list of dense calls."""
     monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
     calls = []
     monkeypatch.setattr(launcher, "dense_attention", lambda *a: calls.append(a))
-    gen = torch.Generator().manual_seed(10)
-    doc = random_tokens(DOC, gen)
+    doc = random_tokens(DOC, torch.Generator().manual_seed(seed))
     layout = build_layout([doc + [3 + i] for i in range(3)], 4)
     row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
-    plan = TritonBackend().plan(row, layout.answer_slots[:, 2].to(DEVICE), layout.num_slots)
+    plan = TritonBackend().plan(row, layout.answer_slots[:, step].to(DEVICE), layout.num_slots)
     assert plan.document == (0, DOC)
+    return plan, calls
+
+
+def test_a_head_dim_the_dense_kernels_do_not_take_runs_the_shared_tiles(monkeypatch):
+    """Head dims not a multiple of 8: the document's part through the packed shared tiles, no dense call."""
+    plan, calls = _dense_decode_plan(monkeypatch, seed=10, step=2)
     q, k, v = random_qkv(plan, 4, 2, 20, torch.float32, seed=10)
     want = reference_attention(MODULE, q, k, v, None, pp_plan=plan)[0]
     got = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan)[0]
@@ -776,14 +782,7 @@ def test_collecting_a_dense_forwards_launches_runs_no_dense_kernel(monkeypatch):
     them, and the dense kernel not run on the stand-in tensors."""
     from hf_parallel import builds
 
-    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
-    calls = []
-    monkeypatch.setattr(launcher, "dense_attention", lambda *a: calls.append(a))
-    gen = torch.Generator().manual_seed(9)
-    doc = random_tokens(DOC, gen)
-    layout = build_layout([doc + [3 + i] for i in range(3)], 4)
-    row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=2)
-    plan = TritonBackend().plan(row, layout.answer_slots[:, 1].to(DEVICE), layout.num_slots)
+    plan, calls = _dense_decode_plan(monkeypatch, seed=9, step=1)
     q, k, v = random_qkv(plan, 4, 2, 16, torch.bfloat16, seed=9)
     with builds.collecting() as launches:
         TritonBackend._attend(q, k, v, plan, None, None, None, None, overlap=False, runs=False)
