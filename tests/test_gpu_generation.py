@@ -26,9 +26,16 @@ def _prompts(seed: int, n: int, doc_len: int = 40):
     return [doc + random_tokens(1 + (i * 3) % 7, gen) for i in range(n)]
 
 
-@pytest.mark.parametrize("attn", ATTNS)
-def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn):
+@pytest.mark.parametrize("attn", ATTNS + ["dense"])
+def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn, monkeypatch):
+    """attn "dense": the Triton path with the document through a dense kernel (`DENSE_DOCUMENT`), whose captured
+    steps a later call's longer document must capture again."""
     torch.backends.cuda.matmul.allow_tf32 = False
+    if attn == "dense":
+        from hf_parallel.attention import triton as path
+
+        monkeypatch.setattr(path, "DENSE_DOCUMENT", "flash")
+        attn = "triton"
     with Session(cuda_model) as session:
         for seed, n in [(0, 5), (1, 17), (2, 3)]:  # different layouts reuse the session's static row
             prompts = _prompts(seed, n, doc_len=30 + 10 * seed)

@@ -733,6 +733,28 @@ def test_dense_document_matches_the_reference(kernel, seed, monkeypatch):
                 torch.testing.assert_close(got.float(), want, atol=atol, rtol=rtol)
 
 
+def test_a_captured_plan_refuses_a_row_with_another_document(monkeypatch):
+    """A captured step's plan is refilled for later calls and refilled rows, but the dense call's keys are its
+    shape: a row whose document is another (longer, shorter, or none) makes it ask for a new capture."""
+    monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
+    gen = torch.Generator().manual_seed(11)
+    doc = random_tokens(DOC + 4, gen)
+
+    def row(layout):
+        return Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots + 16, group=2)
+
+    first = row(build_layout([doc[:DOC] + [3 + i] for i in range(3)], 4))
+    static = TritonBackend().static_plan(first, bucket=4)
+    assert static.document == (0, DOC)
+    static.update(first, first.layout.answer_slots[[0, 1, 2, 2], 1].to(DEVICE))
+    again = row(build_layout([doc[:DOC] + [5 + i] for i in range(4)], 4))  # the same document, other questions
+    static.update(again, again.layout.answer_slots[:, 0].to(DEVICE))
+    for prompts in ([doc + [3 + i] for i in range(3)], [doc[:DOC] + [3], doc[1 : DOC + 1] + [4]]):
+        other = row(build_layout(prompts, 4))
+        with pytest.raises(ValueError, match="dense document"):
+            static.update(other, other.layout.answer_slots[[0, 1, 1, 1], 0].to(DEVICE))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_forward_with_a_query_inside_the_document_sees_it_causally(dtype, monkeypatch):
     """A prefill chunk of one token a segment (the document's last and one-token questions) plans as a decode
