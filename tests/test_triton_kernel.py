@@ -735,7 +735,8 @@ def test_dense_document_matches_the_reference(kernel, seed, monkeypatch):
 
 def test_a_captured_plan_refuses_a_row_with_another_document(monkeypatch):
     """A captured step's plan is refilled for later calls and refilled rows, but the dense call's keys are its
-    shape: a row whose document is another (longer, shorter, or none) makes it ask for a new capture."""
+    shape: a row whose document is another (longer, shorter, or none) makes it ask for a new capture.  One
+    captured without a document keeps running rows through the tiles (no capture again each time one comes)."""
     monkeypatch.setattr(launcher, "DENSE_DOCUMENT", DENSE_KERNELS[0])
     gen = torch.Generator().manual_seed(11)
     doc = random_tokens(DOC + 4, gen)
@@ -753,6 +754,9 @@ def test_a_captured_plan_refuses_a_row_with_another_document(monkeypatch):
         other = row(build_layout(prompts, 4))
         with pytest.raises(ValueError, match="dense document"):
             static.update(other, other.layout.answer_slots[[0, 1, 1, 1], 0].to(DEVICE))
+    static = TritonBackend(own_tiles="serial").static_plan(other, bucket=4)  # captured with no document
+    assert static.document is None
+    static.update(first, first.layout.answer_slots[[0, 1, 2, 2], 1].to(DEVICE))  # runs it through the tiles
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -84,10 +84,10 @@ class TritonStaticPlan:
                                     document=self.document)  # fmt: skip
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
-        """Raises ValueError when the live streams need more ranges than the buffers hold, or the row's dense
-        document is not the one captured (a later call's, or a refilled row's; its slots are the dense call's
-        shape): capture again."""
-        if self.split and dense_document(row) != self.document:
+        """Raises ValueError when the live streams need more ranges than the buffers hold, or the captured dense
+        document is not the row's (a later call's, or a refilled row's; its slots are the dense call's shape):
+        capture again.  A step captured without one runs a row that has one through the tiles, as captured."""
+        if self.document is not None and dense_document(row) != self.document:
             raise ValueError(f"the row's dense document {dense_document(row)} is not the captured {self.document}")
         part, shared = ("shared", _document_segments(row, self.document)) if self.split else ("all", None)
         tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile, part=part,
