@@ -90,11 +90,12 @@ class TritonStaticPlan:
         if self.document is not None and dense_document(row) != self.document:
             raise ValueError(f"the row's dense document {dense_document(row)} is not the captured {self.document}")
         part, shared = ("shared", _document_segments(row, self.document)) if self.split else ("all", None)
-        tiles = build_tile_plan(row.layout, q_slot, row.group, self.tiles.block_m, self.streams_per_tile, part=part,
+        host = q_slot.cpu()  # once for both plans: the planners read the slots on the host
+        tiles = build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part,
                                 shared=shared)  # fmt: skip
         self.tiles.fill_(tiles.to(q_slot.device))
         if self.split:
-            self.own.fill_(own_plan(row, q_slot, self.own.block_m, shared=shared).to(q_slot.device))
+            self.own.fill_(own_plan(row, host, self.own.block_m, shared=shared).to(q_slot.device))
 
 
 class TritonBackend(AttentionBackend):
@@ -157,14 +158,15 @@ class TritonBackend(AttentionBackend):
                                 own=plan.own_tiles, overlap=overlap, document=document)  # fmt: skip
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
-        args = (row.layout, q_slot, row.group, None, self.streams_per_tile, row.device)
-        if self.splits(row) and _one_query_per_stream(row.layout, q_slot):
-            document = dense_document(row, q_slot)
+        host = q_slot.cpu()  # once for every planner below, which read the slots on the host
+        args = (row.layout, host, row.group, None, self.streams_per_tile, row.device)
+        if self.splits(row) and _one_query_per_stream(row.layout, host):
+            document = dense_document(row, host)
             shared = _document_segments(row, document)
             return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared",
-                                        shared=shared), own_tiles=own_plan(row, q_slot, device=row.device,
+                                        shared=shared), own_tiles=own_plan(row, host, device=row.device,
                                         shared=shared), document=document)  # fmt: skip
-        runs = causal_runs(row.layout, q_slot) if self.causal_prefill else ()
+        runs = causal_runs(row.layout, host) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
         return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
                                     run_tiles=run_tiles)  # fmt: skip
