@@ -803,6 +803,20 @@ def test_a_head_dim_the_dense_kernels_do_not_take_runs_the_shared_tiles(monkeypa
     assert calls == []
 
 
+@pytest.mark.parametrize("attn", [dict(sliding_window=3), dict(softcap=5.0), dict(sinks=True)], ids=str)
+def test_a_layer_with_a_window_softcap_or_sinks_runs_the_shared_tiles(attn, monkeypatch):
+    """The dense kernels take no window, softcap or sinks: such a layer of a dense-document forward runs the packed
+    shared tiles, no dense call, and gives the reference's output."""
+    plan, calls = _dense_decode_plan(monkeypatch, seed=12, step=3)
+    q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, seed=12)
+    if attn.pop("sinks", False):
+        attn["s_aux"] = torch.randn(4, device=DEVICE)
+    want = reference_attention(MODULE, q, k, v, None, pp_plan=plan, **attn)[0]
+    got = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan, **attn)[0]
+    torch.testing.assert_close(got, want, atol=TOLERANCE[torch.float32][0], rtol=TOLERANCE[torch.float32][1])
+    assert calls == []
+
+
 def test_collecting_a_dense_forwards_launches_runs_no_dense_kernel(monkeypatch):
     """`TritonBackend.prebuild` collects a forward's launches: with a dense document, the merge's (DENSE) among
     them, and the dense kernel not run on the stand-in tensors."""

@@ -150,12 +150,10 @@ class TritonBackend(AttentionBackend):
     def _attend(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap,
                 runs: bool = True) -> torch.Tensor:  # fmt: skip
         """The layer's attention over `plan` (runs=False: its causal runs left out, so only the kernel's launches)."""
-        plain = window is None and softcap is None and sinks is None
-        if plan.runs and plain:
+        if plan.runs and window is None and softcap is None and sinks is None:
             return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
-        document = plan.document if plain else None
         return stream_attention(query, key, value, plan, plan.tiles, scaling, window, softcap, sinks,
-                                own=plan.own_tiles, overlap=overlap, document=document)  # fmt: skip
+                                own=plan.own_tiles, overlap=overlap, document=plan.document)  # fmt: skip
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         host = q_slot.cpu()  # once for every planner below, which read the slots on the host
@@ -273,8 +271,7 @@ def _(query, key, value, *args):
 
 def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap):
     ids, tiles, own = plan.ids, plan.tiles, plan.own_tiles
-    plain = window is None and softcap is None and sinks is None
-    document = plan.document if plain and plan.document is not None else (0, 0)
+    document = plan.document or (0, 0)
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         ids.seg_stop, tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
@@ -336,8 +333,8 @@ def stream_attention(
     KV tiles and stages where `config` is given).
     document: with `own`, the slots [start, stop) that every query sees whole and `tiles` alone holds (a decode
     forward's document, `tiles.document_range`): computed by a dense kernel (`DENSE_DOCUMENT`, `dense_attention`)
-    in place of `tiles`' launch, where one takes the dtype (`tiles` then serves layers with a window, softcap or
-    sinks).
+    in place of `tiles`' launch, where one takes the layer (no window, softcap or sinks) and the dtype; `tiles`
+    serves the others.
     """
     _check_inputs(query, key, value, plan, tiles)
     if own is not None:
@@ -360,9 +357,8 @@ def stream_attention(
         if config is not None:  # the given KV tiles and stages for both plans
             own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages,
                                    config.whole_blocks)  # fmt: skip
-    dense = own is not None and document is not None and dense_kernel(query) is not None
-    if dense and (sliding_window is not None or softcap is not None or sinks is not None):
-        raise ValueError("the dense document takes no sliding window, softcap or sinks (its layers run `tiles`)")
+    plain = sliding_window is None and softcap is None and sinks is None
+    dense = own is not None and document is not None and plain and dense_kernel(query) is not None
     own_offset = 0 if dense else cfg.num_splits  # the own plan's first partial output
     splits = own_offset + (own_cfg.num_splits if own_cfg is not None else 0)
     merged = splits > 1 or dense  # partial outputs, merged by combine_splits
