@@ -34,9 +34,6 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
                `gpu_kernel_check.py --own` in isolation (ablation)
-  pp_dense_flash, pp_dense_cudnn, pp_dense_efficient  pp_triton with each decode forward's document through one of
-               PyTorch's dense attention kernels (`triton.DENSE_DOCUMENT`), the rest through the own plan, the two
-               merged by log-sum-exp
   generate_batch  Transformers' continuous batching: `model.generate_batch` on every prompt, paged attention with
                prefix block sharing on (`--generate-batch extrapolate`, the default: timed at 4 and 16 answer
                tokens after an untimed run, extended linearly; `full`: every token)
@@ -188,12 +185,6 @@ def every_dim_dynamic():
         yield
 
 
-def dense_document(kernel: str):
-    """Each decode forward's document through PyTorch's `kernel` (`triton.DENSE_DOCUMENT`), the rest through the own
-    plan."""
-    return functools.partial(mock.patch.object, triton_backend, "DENSE_DOCUMENT", kernel)
-
-
 METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
     # context each run goes through (default: none)
     "pp_triton": (dict(attn="triton"), False),
@@ -217,10 +208,6 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_synced": (dict(attn="triton"), False, synced_steps),
     "pp_prefill_synced": (dict(attn="triton"), False, prefill_synced),
     "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
-    **{
-        f"pp_dense_{kernel}": (dict(attn="triton"), False, dense_document(kernel))
-        for kernel in ("flash", "cudnn", "efficient")
-    },  # fmt: skip
 }
 
 
@@ -608,8 +595,7 @@ def plot(results: list[dict], path: Path) -> None:
     )
     methods = [m for m in ["stock", "stock_tuned", "generate_batch", "pp_reference", "pp_interleaved", "pp_p1",
                            "pp_spt32", "pp_spt16", "pp_own_off", "pp_own_serial", "pp_own_overlap", "pp_kernel_prefill",
-                           "pp_own_launch_wide", "pp_dense_flash", "pp_dense_cudnn", "pp_dense_efficient",
-                           "pp_every_block_masked", "pp_ungrouped", "pp_prefill_apart",
+                           "pp_own_launch_wide", "pp_every_block_masked", "pp_ungrouped", "pp_prefill_apart",
                            "pp_prefill_synced", "pp_unfused", "pp_norms_only", "pp_triton", "pp_triton_compiled",
                            "roofline"]
                if any(r["method"] == m for r in results)]  # fmt: skip

@@ -7,8 +7,6 @@ For each question, greedy answers (32 new tokens) computed four ways in bf16:
   padded     `model.generate` on all of a paragraph's prompts as one left-padded batch
   reference  hf_parallel's dense-mask path (the paragraph's questions as streams of one row)
   triton     hf_parallel's Triton path (with --triton; on the CPU it needs TRITON_INTERPRET=1, slow)
-  dense      the Triton path with each decode forward's document through a dense kernel (with --dense KERNEL:
-             `triton.DENSE_DOCUMENT`, whose output is rounded to bf16 before its merge)
 and the share of streams on which each pair is identical.  In fp32 all four agree (the tests);
 in bf16 they differ where the top two logits are within bf16's resolution, so `alone` vs
 `padded` — stock Transformers against itself — is the noise floor any other pair can reach.
@@ -20,7 +18,6 @@ import argparse
 import itertools
 import json
 from pathlib import Path
-from unittest import mock
 
 import torch
 from gpu_smollm2 import alone as generate_alone  # eval/, beside this script
@@ -35,8 +32,7 @@ def _until(tokens: list[int], eos: int) -> list[int]:
 
 
 @torch.inference_mode()
-def answers(model, prompts: list[list[int]], new: int, eos: int, triton: bool,
-            dense: str | None = None) -> dict[str, list[list[int]]]:  # fmt: skip
+def answers(model, prompts: list[list[int]], new: int, eos: int, triton: bool) -> dict[str, list[list[int]]]:
     width = max(map(len, prompts))
     ids = lambda rows: torch.tensor(rows, device=model.device)  # noqa: E731
     out = model.generate(ids([[eos] * (width - len(p)) + p for p in prompts]),
@@ -46,11 +42,6 @@ def answers(model, prompts: list[list[int]], new: int, eos: int, triton: bool,
            "padded": [_until(row, eos) for row in out[:, width:].tolist()]}  # fmt: skip
     for attn in ("reference", "triton") if triton else ("reference",):
         got[attn] = generate_tokens(model, prompts, max_new_tokens=new, eos_token_id=eos, attn=attn)
-    if dense:
-        from hf_parallel.attention import triton as triton_path  # Triton only where asked for
-
-        with mock.patch.object(triton_path, "DENSE_DOCUMENT", dense):
-            got["dense"] = generate_tokens(model, prompts, max_new_tokens=new, eos_token_id=eos, attn="triton")
     return got
 
 
@@ -60,26 +51,24 @@ def main() -> None:
     parser.add_argument("--paragraphs", type=int, default=20)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--triton", action="store_true", help="also the Triton path")
-    parser.add_argument("--dense", choices=["flash", "cudnn", "efficient"],
-                        help="also the Triton path with the document through this dense kernel")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=Path("results/gpu"))
     args = parser.parse_args()
     model, tok = load_smollm2(torch.bfloat16, args.device)
     eos = tok.eos_token_id
-    ways = ["alone", "padded", "reference"] + (["triton"] if args.triton else []) + (["dense"] if args.dense else [])
+    ways = ["alone", "padded", "reference"] + (["triton"] if args.triton else [])
     pairs = list(itertools.combinations(ways, 2))
     same = {f"{a} = {b}": 0 for a, b in pairs}
     streams = 0
     args.out.mkdir(parents=True, exist_ok=True)
     for doc in load_squad(args.data)[: args.paragraphs]:
         prompts = render_prompts(tok, doc.text, [q.question for q in doc.items])
-        got = answers(model, prompts, args.new, eos, args.triton, args.dense)
+        got = answers(model, prompts, args.new, eos, args.triton)
         streams += len(prompts)
         for a, b in pairs:
             same[f"{a} = {b}"] += sum(x == y for x, y in zip(got[a], got[b]))
         report = dict(device=args.device, dtype="bfloat16", new_tokens=args.new, paragraphs=args.paragraphs,
-                      dense=args.dense, streams=streams, identical=same)  # fmt: skip
+                      streams=streams, identical=same)  # fmt: skip
         (args.out / f"bf16-noise-{args.device}.json").write_text(json.dumps(report, indent=1))
         print(f"{streams} streams: " + ", ".join(f"{k} {v / streams:.0%}" for k, v in same.items()), flush=True)
 

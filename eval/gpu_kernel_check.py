@@ -20,8 +20,8 @@
    as a prefill forward runs it (the document's run through causal SDPA); and the whole 8k document as one
    chunk, the backend against Transformers' own `sdpa` attention, each shape (`--prefill`: only these).
 `--own`: only the own plan's streams per tile and launch configs, against long own regions (own.json).
-`--dense-document`: only the document through PyTorch's dense kernels (`triton.DENSE_DOCUMENT`: flash, cuDNN,
-memory-efficient), alone and merged with the own plan, against the packed tiles (dense-document.json).
+`--dense-document`: only a decode step's document through PyTorch's dense kernels (flash, cuDNN, memory-efficient)
+against the packed tiles' shared plan (dense-document.json).
 `--whole-blocks`: only the unmasked whole blocks against every block masked, decode and the questions' prefill.
 Results: results.json and summary.md under --out.
 """
@@ -39,7 +39,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 import triton
@@ -47,9 +46,8 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
-from hf_parallel.attention.tiles import build_tile_plan, document_range, document_segments  # noqa: E402
+from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
 from hf_parallel.attention.triton import (  # noqa: E402
     KernelConfig,
     TritonBackend,
@@ -505,11 +503,11 @@ DENSE_KERNELS = ("flash", "cudnn", "efficient")
 
 
 def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
-    """The document of a decode step (8,192 keys every query sees) through PyTorch's dense kernels against the
-    Triton kernel's packed tiles, per layer µs: the whole attention (one plan; the shared and own plans; the
-    document dense and the own plan beside it, merged) and the document's part alone (the shared plan; 128-row
-    tiles and 8 warps; each dense kernel, also over 2 and 4 KV splits as a batch, to see whether filling the GPU
-    pays).  Errors against the dense-mask reference."""
+    """The document of a decode step (8,192 keys every query sees) through PyTorch's dense attention kernels
+    against the Triton kernel's packed tiles, per layer µs: the whole attention (one plan; the shared and own
+    plans, as `own_tiles` runs them), then the document's part alone (the shared plan; 128-row tiles and 8 warps;
+    each dense kernel with a KV head's query heads folded into its rows, also over 2 and 4 KV splits as a batch,
+    to see whether filling the GPU pays)."""
     rows = []
     for shape, streams, answer in DENSE_CASES:
         if time.time() > deadline:
@@ -517,16 +515,12 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
         layout, plan, q, kv, step_bytes = decode_case(shape, streams, answer=answer)
         q = q.transpose(1, 2).contiguous().transpose(1, 2)  # a model's layout: [1, N, H, D] seen as [1, H, N, D]
         heads, kv_heads, dim = SHAPES[shape]
-        group, scale = heads // kv_heads, dim**-0.5
-        document = document_range(layout)
-        assert document == (0, DOC), document
+        group = heads // kv_heads
         base = {"shape": shape, "streams": streams, "own": QUESTION + answer}
         doc_flops = 4 * heads * dim * len(plan.q_slot) * DOC
         want = sdpa_run(plan, q, kv[:1])[0]().float()
-        shared_mask = document_segments(layout)
-        shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared", shared=shared_mask)
-        own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own",
-                              shared=shared_mask)  # fmt: skip
+        shared = build_tile_plan(layout, plan.q_slot, group, device="cuda", part="shared")  # all live: the document
+        own = build_tile_plan(layout, plan.q_slot, group, None, own_streams_per_tile(group), "cuda", part="own")
         out_t = torch.empty(1, q.shape[2], heads, dim, device="cuda", dtype=q.dtype)
 
         case = {"base": base, "want": want, "step_bytes": step_bytes, "doc_flops": doc_flops, "ceiling": ceiling}
@@ -536,33 +530,15 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
                                                overlap=True) for k, v in kv])  # fmt: skip
         add("document_triton_shared", [functools.partial(stream_attention, q, k, v, plan, shared, out=out_t)
                                        for k, v in kv], whole=False)  # fmt: skip
-        wide = build_tile_plan(layout, plan.q_slot, group, 128, device="cuda", part="shared", shared=shared_mask)
+        wide = build_tile_plan(layout, plan.q_slot, group, 128, device="cuda", part="shared")
         cfg = default_config(q, kv[0][0], wide)
         add("document_triton_shared_128x8", [functools.partial(
             stream_attention, q, k, v, plan, wide, out=out_t, config=KernelConfig(64, cfg.num_splits, 8, 3))
             for k, v in kv], whole=False)  # fmt: skip
         for kernel in DENSE_KERNELS:
-            with mock.patch.object(launcher, "DENSE_DOCUMENT", kernel):
-                add(
-                    f"document_{kernel}",
-                    [functools.partial(launcher.dense_attention, q, k, v, document, scale) for k, v in kv],
-                    whole=False,
-                )
-                for splits in (2, 4):
-                    add(
-                        f"document_{kernel}_{splits}_splits",
-                        [functools.partial(_dense_split, kernel, q, k, v, document, scale, splits) for k, v in kv],
-                        whole=False,
-                    )
-                add(
-                    f"dense_{kernel}",
-                    [
-                        functools.partial(
-                            stream_attention, q, k, v, plan, shared, out=out_t, own=own, overlap=True, document=document
-                        )
-                        for k, v in kv
-                    ],
-                )
+            for splits in (1, 2, 4):
+                name = f"document_{kernel}" + (f"_{splits}_splits" if splits > 1 else "")
+                add(name, [functools.partial(_dense_document, kernel, q, k, v, splits) for k, v in kv], whole=False)
         del kv
         torch.cuda.empty_cache()
     return rows
@@ -587,17 +563,22 @@ def _add_dense_row(rows: list[dict], path: Path, case: dict, name: str, fns, who
     keep(rows, path)
 
 
-def _dense_split(kernel, query, key, value, document, scale, splits):
-    """The document's keys cut into `splits` equal parts, a batch of one dense call (the timing only: outputs and
-    log-sum-exps left unmerged)."""
+def _dense_document(kernel: str, query, key, value, splits: int) -> torch.Tensor:
+    """The document's keys (slots [0, DOC)) by PyTorch's dense `kernel`, cut into `splits` equal parts as a batch
+    of one call, a KV head's query heads folded into its rows (q [splits, H_kv, group * N, D]): the timing only,
+    the parts' outputs and log-sum-exps left unmerged."""
     _, heads, n, dim = query.shape
     kv_heads = key.shape[1]
     q = query.reshape(1, kv_heads, heads // kv_heads * n, dim).expand(splits, -1, -1, -1)
-    k, v = key[:, :, document[0] : document[1]], value[:, :, document[0] : document[1]]
-    part = k.shape[2] // splits
+    part = DOC // splits
     k, v = (t.as_strided((splits, kv_heads, part, dim), (part * t.stride(2), t.stride(1), t.stride(2), 1))
-            for t in (k, v))  # fmt: skip
-    return launcher.dense_call(kernel, q, k, v, scale)[0]
+            for t in (key, value))  # fmt: skip
+    scale = dim**-0.5
+    if kernel == "flash":
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, scale=scale)[0]
+    if kernel == "cudnn":
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, scale=scale)[0]
 
 
 def write_summary(out: Path, results: dict) -> None:

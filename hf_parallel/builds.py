@@ -37,11 +37,6 @@ def run_kernel(kernel, grid, *args, **kwargs) -> None:
     kernel[grid](*args, **kwargs)
 
 
-def is_collecting() -> bool:
-    """Whether this thread is inside `collecting` (a caller may then skip work that makes no launch of its own)."""
-    return getattr(_LOCAL, "launches", None) is not None
-
-
 @contextlib.contextmanager
 def collecting():
     """The launches `run_kernel` is asked for inside the block, (kernel, grid, args, kwargs) each, not made."""

@@ -71,8 +71,7 @@ class Layout:
     # a refilled row's ancestors may lie past its queries, so its snapshot gives the slots it occupies
     kv_extent: int | None = None
     # the tile planner's memo, filled as asked: segment -> its ancestor chain's extents (`tiles._chain`), and under
-    # "table" every segment's chain and slots as arrays (`tiles._segment_table`), under "document_segments" and
-    # "document" the segments every stream sees and their slots where one dense call can serve them
+    # "table" every segment's chain and slots as arrays (`tiles._segment_table`)
     chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property

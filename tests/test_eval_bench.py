@@ -182,19 +182,6 @@ def test_every_block_masked_holds_only_inside_its_context():
     assert backend.default_config(query, key, tiles) == base
 
 
-def test_dense_document_methods_hold_their_kernel_only_inside_their_context():
-    """bench's `pp_dense_*` methods: `DENSE_DOCUMENT` is their kernel while the context holds, and the backend's graph
-    key then differs, so a step captured without it is not replayed with it; None before and after."""
-    from hf_parallel.attention import triton as backend
-
-    plain = backend.TritonBackend().graph_key
-    for kernel in ("flash", "cudnn", "efficient"):
-        with bench.METHODS[f"pp_dense_{kernel}"][2]():
-            assert backend.DENSE_DOCUMENT == kernel
-            assert backend.TritonBackend().graph_key != plain
-        assert backend.DENSE_DOCUMENT is None and backend.TritonBackend().graph_key == plain
-
-
 def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):
     """round_profile's `refill-gathered` ablation: prompts of one length under the benchmark's forcing processor
     run it on gathered rows (and outside the context on the rows' own scores), with the same tokens."""

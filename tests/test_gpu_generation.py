@@ -26,16 +26,9 @@ def _prompts(seed: int, n: int, doc_len: int = 40):
     return [doc + random_tokens(1 + (i * 3) % 7, gen) for i in range(n)]
 
 
-@pytest.mark.parametrize("attn", ATTNS + ["dense"])
-def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn, monkeypatch):
-    """attn "dense": the Triton path with the document through a dense kernel (`DENSE_DOCUMENT`), whose captured
-    steps a later call's longer document must capture again."""
+@pytest.mark.parametrize("attn", ATTNS)
+def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn):
     torch.backends.cuda.matmul.allow_tf32 = False
-    if attn == "dense":
-        from hf_parallel.attention import triton as path
-
-        monkeypatch.setattr(path, "DENSE_DOCUMENT", "flash")
-        attn = "triton"
     with Session(cuda_model) as session:
         for seed, n in [(0, 5), (1, 17), (2, 3)]:  # different layouts reuse the session's static row
             prompts = _prompts(seed, n, doc_len=30 + 10 * seed)
@@ -149,12 +142,11 @@ def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
 
 
 @pytest.mark.parametrize("compile", [False, "auto"])  # the prefill waiting on the GPU; compiling the layers' parts
-@pytest.mark.parametrize("own_tiles", [None, "overlap", "dense"])
+@pytest.mark.parametrize("own_tiles", [None, "overlap"])
 def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, compile, monkeypatch, tmp_path):
     """Every kernel of a first call, the K/V write's, the prefill's and the first captured step's, is built on a
     thread beside the caller (`Runner.prebuild_prefill`, `Runner.prebuild_step`), none at its launch (into an
-    empty cache, each kernel's in-process table emptied first, so that every launch needs a build); "dense": the
-    document through a dense kernel (`DENSE_DOCUMENT`), its merge's build too."""
+    empty cache, each kernel's in-process table emptied first, so that every launch needs a build)."""
     import collections
     import threading
     import warnings
@@ -183,17 +175,13 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
             built.append((fn.name, threading.current_thread().name, not is_manual_warmup))
 
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", hook)
-    if own_tiles == "dense":
-        monkeypatch.setattr(path, "DENSE_DOCUMENT", "flash")
-    prompts = [p[:40] + [3 + i] + p[40:] for i, p in enumerate(_prompts(3, 6))]  # one document, nothing else shared
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        generate_tokens(cuda_model, prompts, max_new_tokens=4, eos_token_id=[], compile=compile,
-                        attn=path.TritonBackend(own_tiles="auto" if own_tiles == "dense" else own_tiles))  # fmt: skip
+        generate_tokens(cuda_model, _prompts(3, 6), max_new_tokens=4, eos_token_id=[], compile=compile,
+                        attn=path.TritonBackend(own_tiles=own_tiles))  # fmt: skip
     if any("CUDA-graph capture of the decode step failed" in str(w.message) for w in caught):
         pytest.skip("this model's steps decode eagerly (gpt-oss: a copy from the host inside the forward)")
     assert {name for name, _, _ in built} >= {"write_slots", "stream_attention_fwd"}
-    assert own_tiles != "dense" or "combine_splits" in {name for name, _, _ in built}
     assert [b for b in built if b[2] or b[1] == threading.current_thread().name] == []  # none at a launch
 
 

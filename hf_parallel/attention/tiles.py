@@ -131,7 +131,7 @@ class TilePlan:
 def build_tile_plan(
     layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
     streams_per_tile: int | None = None, device: torch.device | str | None = None,
-    skip: tuple[CausalRun, ...] = (), part: str = "all", shared: np.ndarray | None = None,
+    skip: tuple[CausalRun, ...] = (), part: str = "all",
 ) -> TilePlan:  # fmt: skip
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
@@ -143,9 +143,6 @@ def build_tile_plan(
         segment (a document); "own" only the others (a stream's question and answer), in tiles of
         `streams_per_tile` queries.  The two parts' partial outputs merge as KV splits do (stream-major
         layouts: every segment a slot range).
-    shared: with part "shared" or "own", [num_segments] bool: the segments counted as shared (default: those the
-        queries of two or more segments see; `document_segments` gives those every stream of the layout sees,
-        which leaving streams do not change).
     """
     if part not in ("all", "shared", "own"):
         raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
@@ -163,7 +160,7 @@ def build_tile_plan(
         order, per_tile = order[planned[order]], min(rows // group, streams_per_tile or rows)
         if block_m is None:  # the fullest tile's rows, as below
             rows = _block_m(group, _dot_rows(group * min(max(len(order), 1), per_tile)))
-        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group, part, shared)
+        plan = _plan_arrays(table, order, q_slot, q_seg, per_tile, rows, group, part)
     else:
         tiles = _group_queries(q_seg, rows // group, streams_per_tile, planned)
         if block_m is None:  # shrink sparse tiles (one stream per tile, decode) to the smallest dot shape
@@ -203,40 +200,8 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
     return got
 
 
-def document_segments(layout: Layout) -> np.ndarray | None:
-    """[num_segments] bool: the segments every one of the layout's streams sees, two or more streams (from the root
-    down: a document, and whatever all its prompts share after it); None where there are none, fewer streams, or a
-    segment is not a slot range.  Kept on the layout."""
-    got = layout.chains.get("document_segments", False)
-    if got is False:
-        got, table = None, _segment_table(layout)
-        if table is not None and layout.num_prompts > 1:
-            chains = table.chains[layout.answer_segs]
-            everyone = np.bincount(chains[chains >= 0], minlength=len(table.start)) == layout.num_prompts
-            got = everyone if everyone.any() else None
-        layout.chains["document_segments"] = got
-    return got
-
-
-def document_range(layout: Layout) -> tuple[int, int] | None:
-    """The slots [start, stop) of the segments every stream sees (`document_segments`), where they lie one after
-    another: the keys every decode query of the row sees whole, which one dense attention call can serve.  None
-    otherwise (no common prefix, several documents)."""
-    got = layout.chains.get("document", False)
-    if got is False:
-        got, common = None, document_segments(layout)
-        if common is not None:
-            table = _segment_table(layout)
-            segs = np.flatnonzero(common)  # a chain from the root, in pre-order
-            if (table.start[segs[1:]] == table.stop[segs[:-1]]).all():
-                got = (int(table.start[segs[0]]), int(table.stop[segs[-1]]))
-        layout.chains["document"] = got
-    return got
-
-
 def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
-                 block_m: int, group: int, part: str = "all",
-                 shared: np.ndarray | None = None) -> TilePlan:  # fmt: skip
+                 block_m: int, group: int, part: str = "all") -> TilePlan:  # fmt: skip
     """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
     queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped
     at its last member's slot unless a member sees it whole, chains down the tree merged, and each member's
@@ -246,10 +211,9 @@ def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_
     tile, local = np.divmod(np.arange(len(order)), per_tile)
     chain = table.chains[q_seg[order]]  # [M, depth]: each member's segment and its ancestors
     valid = chain >= 0
-    if part != "all":
-        if shared is None:  # a segment is shared when queries of two or more segments see it
-            pairs = np.stack([chain[valid], np.broadcast_to(q_seg[order][:, None], chain.shape)[valid]])
-            shared = np.bincount(np.unique(pairs, axis=1)[0], minlength=len(table.start)) > 1
+    if part != "all":  # a segment is shared when queries of two or more segments see it
+        pairs = np.unique(np.stack([chain[valid], np.broadcast_to(q_seg[order][:, None], chain.shape)[valid]]), axis=1)
+        shared = np.bincount(pairs[0], minlength=len(table.start)) > 1
         valid &= shared[np.maximum(chain, 0)] == (part == "shared")
     m_idx, k_idx = np.nonzero(valid)
     seg, own = chain[m_idx, k_idx], k_idx == 0

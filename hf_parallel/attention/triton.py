@@ -4,9 +4,7 @@
 visits) once on the host; every layer's launch reuses it.  A captured decode step keeps
 its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when streams leave.
 A prefill forward's document tokens see an ordinary causal prefix: there PyTorch's causal
-SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.  A decode
-forward's document, which every query sees whole, can go through one of PyTorch's dense kernels
-instead, merged with the kernel's own plan (`DENSE_DOCUMENT`, off by default).
+SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.
 """
 
 from __future__ import annotations
@@ -27,25 +25,12 @@ from ..plan import AttentionPlan, Row, SlotIds
 from ..triton_kernels import stream_attention as kernels
 from .backend import AttentionBackend, AttentionCall
 from .reference import check_attention_call, plan_on
-from .tiles import (
-    MIN_DOT_ROWS,
-    CausalRun,
-    TilePlan,
-    _segment_table,
-    build_tile_plan,
-    causal_runs,
-    document_range,
-    document_segments,
-)
+from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, _segment_table, build_tile_plan, causal_runs
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 16
 OWN_TILES_MIN_ANSWER = 512  # own_tiles="auto": answer room per stream from which decode splits off own keys
-# A decode forward's document (the keys every query sees whole, `tiles.document_range`) through one of PyTorch's
-# dense attention kernels, "flash", "cudnn" or "efficient", its log-sum-exp merged with the own plan's; None: the
-# packed tiles.  eval/gpu_kernel_check.py --dense-document and eval/bench.py's pp_dense_* time it.
-DENSE_DOCUMENT: str | None = None
 
 
 @dataclass
@@ -63,7 +48,6 @@ class TritonPlan(AttentionPlan):
     runs: tuple[CausalRun, ...] = ()
     run_tiles: TilePlan | None = None
     own_tiles: TilePlan | None = None  # with `TritonBackend(own_tiles=...)`: `tiles` the shared part, this the own
-    document: tuple[int, int] | None = None  # with own_tiles and `DENSE_DOCUMENT`: the shared part's slots, dense
 
 
 class TritonStaticPlan:
@@ -74,28 +58,22 @@ class TritonStaticPlan:
         self.split = backend.splits(row)
         self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
                                        device=row.device)  # fmt: skip
-        self.own, self.document = None, dense_document(row) if self.split else None
+        self.own = None
         if self.split:
             spt = own_streams_per_tile(row.group)
             self.own = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=spt, device=row.device)
 
     def plan(self, row: Row, q_slot: torch.Tensor) -> TritonPlan:
-        return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles, own_tiles=self.own,
-                                    document=self.document)  # fmt: skip
+        return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles, own_tiles=self.own)
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
-        """Raises ValueError when the live streams need more ranges than the buffers hold, or the captured dense
-        document is not the row's (a later call's, or a refilled row's; its slots are the dense call's shape):
-        capture again.  A step captured without one runs a row that has one through the tiles, as captured."""
-        if self.document is not None and dense_document(row) != self.document:
-            raise ValueError(f"the row's dense document {dense_document(row)} is not the captured {self.document}")
-        part, shared = ("shared", _document_segments(row, self.document)) if self.split else ("all", None)
+        """Raises ValueError when the live streams need more ranges than the buffers hold (capture again)."""
+        part = "shared" if self.split else "all"
         host = q_slot.cpu()  # once for both plans: the planners read the slots on the host
-        tiles = build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part,
-                                shared=shared)  # fmt: skip
+        tiles = build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
         self.tiles.fill_(tiles.to(q_slot.device))
         if self.split:
-            self.own.fill_(own_plan(row, host, self.own.block_m, shared=shared).to(q_slot.device))
+            self.own.fill_(own_plan(row, host, self.own.block_m).to(q_slot.device))
 
 
 class TritonBackend(AttentionBackend):
@@ -114,8 +92,7 @@ class TritonBackend(AttentionBackend):
         `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head (CodeLlama-7B's shape, 8k x 128
         questions x 1,024 tokens: 1.11x; a corpus with answers of up to 512 tokens: 1.25x), else None (one plan:
         128-token answers ran 0-4% slower split, and Qwen2.5-7B's 7 query heads per KV head 2% slower at
-        1,024 tokens; docs/benchmarks.md).  With `DENSE_DOCUMENT` set, "auto" also splits every row with a
-        document (`tiles.document_range`), whose share a dense kernel then computes.
+        1,024 tokens; docs/benchmarks.md).
     """
 
     name = "hf_parallel_triton"
@@ -153,17 +130,14 @@ class TritonBackend(AttentionBackend):
         if plan.runs and window is None and softcap is None and sinks is None:
             return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
         return stream_attention(query, key, value, plan, plan.tiles, scaling, window, softcap, sinks,
-                                own=plan.own_tiles, overlap=overlap, document=plan.document)  # fmt: skip
+                                own=plan.own_tiles, overlap=overlap)  # fmt: skip
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         host = q_slot.cpu()  # once for every planner below, which read the slots on the host
         args = (row.layout, host, row.group, None, self.streams_per_tile, row.device)
         if self.splits(row) and _one_query_per_stream(row.layout, host):
-            document = dense_document(row, host)
-            shared = _document_segments(row, document)
-            return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared",
-                                        shared=shared), own_tiles=own_plan(row, host, device=row.device,
-                                        shared=shared), document=document)  # fmt: skip
+            return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared"),
+                                        own_tiles=own_plan(row, host, device=row.device))  # fmt: skip
         runs = causal_runs(row.layout, host) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
         return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
@@ -195,13 +169,11 @@ class TritonBackend(AttentionBackend):
         every segment a slot range)."""
         if self.own_tiles is None or _segment_table(row.layout) is None:
             return False
-        if self.own_tiles != "auto" or dense_document(row) is not None:
-            return True
-        return row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2
+        return self.own_tiles != "auto" or (row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2)
 
     @property
     def graph_key(self) -> tuple:
-        return (self.name, self.streams_per_tile, self.own_tiles, DENSE_DOCUMENT)
+        return (self.name, self.streams_per_tile, self.own_tiles)
 
 
 def own_streams_per_tile(group: int) -> int:
@@ -209,30 +181,10 @@ def own_streams_per_tile(group: int) -> int:
     return max(1, MIN_DOT_ROWS // group)
 
 
-def own_plan(row: Row, q_slot: torch.Tensor, block_m: int | None = None, device=None, shared=None) -> TilePlan:
-    """The own part's tile plan of a decode forward over `row` (`TritonBackend(own_tiles=...)`; shared: as
-    `build_tile_plan`'s)."""
+def own_plan(row: Row, q_slot: torch.Tensor, block_m: int | None = None, device=None) -> TilePlan:
+    """The own part's tile plan of a decode forward over `row` (`TritonBackend(own_tiles=...)`)."""
     return build_tile_plan(row.layout, q_slot, row.group, block_m, own_streams_per_tile(row.group), device,
-                           part="own", shared=shared)  # fmt: skip
-
-
-def dense_document(row: Row, q_slot: torch.Tensor | None = None) -> tuple[int, int] | None:
-    """The document's slots that a dense kernel serves in the row's decode forwards (`DENSE_DOCUMENT`), or None;
-    None too for a forward with a query inside the document (`q_slot`: a prefill chunk of one token a segment,
-    whose document token sees its document causally, not whole)."""
-    document = document_range(row.layout) if DENSE_DOCUMENT is not None else None
-    if document is not None and q_slot is not None:
-        q = q_slot.cpu()
-        if ((q >= document[0]) & (q < document[1])).any():
-            return None
-    return document
-
-
-def _document_segments(row: Row, document: tuple[int, int] | None):
-    """With a dense document, the segments the shared part holds: the document's, whichever streams are live (the
-    own plan must leave out what the dense kernel computes, also once one stream is left, and takes what only some
-    streams share); else None (by the forward's queries)."""
-    return document_segments(row.layout) if document is not None else None
+                           part="own")  # fmt: skip
 
 
 def _one_query_per_stream(layout, q_slot: torch.Tensor) -> bool:
@@ -250,18 +202,16 @@ def _stream_attention_op(
     sinks: Optional[torch.Tensor],  # noqa: UP045 - the schema parser of torch.library reads Optional
     own_tile_query: Optional[torch.Tensor], own_range_ptr: Optional[torch.Tensor],  # noqa: UP045
     own_ranges: Optional[torch.Tensor], own_limits: Optional[torch.Tensor],  # noqa: UP045
-    own_block_m: int, own_max_tile_ranges: int, overlap: bool, doc_start: int, doc_stop: int,
+    own_block_m: int, own_max_tile_ranges: int, overlap: bool,
 ) -> torch.Tensor:  # fmt: skip
     """`stream_attention` with every input a tensor or a number, so torch.compile treats it as one op.
-    own_*: the own plan's tensors (`TritonBackend(own_tiles=...)`), or None; doc_*: the dense document's slots, or
-    0, 0."""
+    own_*: the own plan's tensors (`TritonBackend(own_tiles=...)`), or None."""
     plan = AttentionPlan(q_slot, q_seg, q_pos, key.shape[2], SlotIds(slot_seg, slot_pos, seg_end, seg_stop))
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
     own = (own_tile_query, own_range_ptr, own_ranges, own_limits)
     own_tiles = TilePlan(*own, own_block_m, group, own_max_tile_ranges) if own_tile_query is not None else None
-    document = (doc_start, doc_stop) if doc_stop else None
     return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks,
-                            own=own_tiles, overlap=overlap, document=document)  # fmt: skip
+                            own=own_tiles, overlap=overlap)  # fmt: skip
 
 
 @_stream_attention_op.register_fake
@@ -271,7 +221,6 @@ def _(query, key, value, *args):
 
 def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap):
     ids, tiles, own = plan.ids, plan.tiles, plan.own_tiles
-    document = plan.document or (0, 0)
     return _stream_attention_op(
         query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
         ids.seg_stop, tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
@@ -279,7 +228,7 @@ def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, win
         window or 0, softcap or 0.0,
         sinks,
         *((own.tile_query, own.range_ptr, own.ranges, own.limits) if own is not None else (None,) * 4),
-        own.block_m if own is not None else 0, own.max_tile_ranges if own is not None else 0, overlap, *document,
+        own.block_m if own is not None else 0, own.max_tile_ranges if own is not None else 0, overlap,
     )  # fmt: skip
 
 
@@ -319,7 +268,7 @@ def stream_attention(
     scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
     sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
     runs: tuple[CausalRun, ...] = (), own: TilePlan | None = None, overlap: bool = False,
-    own_config: KernelConfig | None = None, document: tuple[int, int] | None = None,
+    own_config: KernelConfig | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None;
     a forward of one run alone, a chunk of one document, returns SDPA's output as it is, a transposed view).
@@ -331,10 +280,6 @@ def stream_attention(
     part), launched after `tiles` (`overlap`: beside it, on a second CUDA stream), its partial outputs
     merged with the first's (`own_config`: its launch config, by default `own_launch_config`'s, with `config`'s
     KV tiles and stages where `config` is given).
-    document: with `own`, the slots [start, stop) that every query sees whole and `tiles` alone holds (a decode
-    forward's document, `tiles.document_range`): computed by a dense kernel (`DENSE_DOCUMENT`, `dense_attention`)
-    in place of `tiles`' launch, where one takes the layer (no window, softcap or sinks) and the dtype; `tiles`
-    serves the others.
     """
     _check_inputs(query, key, value, plan, tiles)
     if own is not None:
@@ -357,92 +302,33 @@ def stream_attention(
         if config is not None:  # the given KV tiles and stages for both plans
             own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages,
                                    config.whole_blocks)  # fmt: skip
-    plain = sliding_window is None and softcap is None and sinks is None
-    dense = own is not None and document is not None and plain and dense_kernel(query) is not None
-    own_offset = 0 if dense else cfg.num_splits  # the own plan's first partial output
-    splits = own_offset + (own_cfg.num_splits if own_cfg is not None else 0)
-    merged = splits > 1 or dense  # partial outputs, merged by combine_splits
+    splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
-    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if merged else out
-    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if merged else out
+    part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
+    part_lse = torch.empty(splits, n, heads, dtype=torch.float32, device=query.device) if splits > 1 else out
     args = (scale, softcap, sliding_window, sinks)
     with _on_device(query.device):  # Triton launches on the current device: a layer's may be another GPU
         side = _attention_stream(query.device) if own is not None and overlap and query.is_cuda else None
         if side is not None:  # the own plan beside the first (a fork and a join: capturable in a CUDA graph)
             side.wait_stream(torch.cuda.current_stream(query.device))
             with torch.cuda.stream(side):
-                _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, own_offset)
-        dense_o = dense_lse = None
-        if dense and builds.is_collecting():  # prebuild: stand-ins of the dense part, for combine_splits' build
-            rows = heads // key.shape[1] * n
-            dense_o, dense_lse = query.new_empty(key.shape[1], rows, dim), query.new_empty(key.shape[1], rows).float()
-        elif dense:
-            dense_o, dense_lse = dense_attention(query, key, value, document, scale)
-        elif tiles.num_tiles or own is not None:
+                _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
+        if tiles.num_tiles or own is not None:
             _launch(query, key, value, out, part_o, part_lse, plan, tiles, cfg, splits > 1, *args)
         if own is not None and side is None:
-            _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, own_offset)
+            _launch(query, key, value, out, part_o, part_lse, plan, own, own_cfg, True, *args, cfg.num_splits)
         if side is not None:
             torch.cuda.current_stream(query.device).wait_stream(side)
-        if merged:  # only with tiles (`default_config`) or a dense document
-            _combine(part_o, part_lse, out, splits, dense_o, dense_lse, heads // key.shape[1])
+        if splits > 1:  # only with tiles (`default_config`)
+            block_d = max(16, triton.next_power_of_2(dim))
+            builds.run_kernel(
+                kernels.combine_splits, (triton.cdiv(n * heads, 16),),
+                part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
+                HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
+            )  # fmt: skip
     for run in runs:  # after the kernel: combine_splits writes every row
         out[0, run.first : run.stop] = causal_attention(query, key, value, run, scale).transpose(0, 1)
     return out
-
-
-def dense_kernel(query: torch.Tensor) -> str | None:
-    """The kernel `dense_attention` runs on queries like `query`: `DENSE_DOCUMENT` on CUDA in 16 bits (fp32: the
-    memory-efficient kernel, the one of the three that takes it), PyTorch's CPU flash kernel on the CPU (the
-    interpreter's tests); None where `DENSE_DOCUMENT` is None or the head dim is one they do not take."""
-    if DENSE_DOCUMENT is None or query.shape[-1] % 8 or query.shape[-1] > MAX_HEAD_DIM:
-        return None  # head dims the three take: multiples of 8 up to 256 (else the packed tiles)
-    if query.device.type != "cuda":
-        return "cpu"
-    return "efficient" if query.dtype == torch.float32 else DENSE_DOCUMENT
-
-
-def _combine(part_o, part_lse, out, splits: int, dense_o, dense_lse, group: int) -> None:
-    """`combine_splits` of the partial outputs (and a dense part first, as `dense_attention` returns it) into out."""
-    n, heads, dim = out.shape[1:]
-    dense = dense_o is not None
-    dense_o, dense_lse = (dense_o, dense_lse) if dense else (part_o, part_lse)  # not read without DENSE
-    strides = (dense_o.stride(0), dense_o.stride(1), dense_lse.stride(0), dense_lse.stride(1)) if dense else (0,) * 4
-    builds.run_kernel(
-        kernels.combine_splits, (triton.cdiv(n * heads, 16),),
-        part_o, part_lse, out, dense_o, dense_lse, n * heads, heads, splits, out.stride(1), out.stride(2), n, *strides,
-        HEAD_DIM=dim, BLOCK_D=max(16, triton.next_power_of_2(dim)), BLOCK_R=16, GROUP=group, DENSE=dense,
-    )  # fmt: skip
-
-
-def dense_attention(query, key, value, document: tuple[int, int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every query over keys [start, stop) by a dense kernel (`dense_kernel`): output [H_kv, group * N, D] (the
-    input dtype) and log-sum-exp [H_kv, >= group * N] (natural), as `combine_splits` reads them.  A KV head's query
-    heads fold into its rows, so one call serves the group: q [1, H_kv, group * N, D] against the keys' slice of
-    the cache."""
-    _, heads, n, dim = query.shape
-    kv_heads = key.shape[1]
-    if key.shape[2] < document[1]:
-        raise ValueError(f"the document's slots {document} pass the {key.shape[2]} keys given")
-    q = query.reshape(1, kv_heads, heads // kv_heads * n, dim)  # head h = kv_head * group + g: rows g * n + i
-    k, v = key[:, :, document[0] : document[1]], value[:, :, document[0] : document[1]]
-    o, lse = dense_call(dense_kernel(query), q, k, v, scale)
-    o = o[0] if o.stride(-1) == 1 else o[0].contiguous()
-    return o, lse.reshape(kv_heads, -1)  # cuDNN's [1, H_kv, M, 1]; the efficient kernel's rows padded to 32s
-
-
-def dense_call(kernel: str, q, k, v, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, log-sum-exp, natural) of PyTorch's dense attention `kernel` ("flash", "cudnn", "efficient" or
-    "cpu") over q [B, H, M, D] and k, v [B, H, S, D], no mask."""
-    if kernel == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
-    if kernel == "flash":
-        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, scale=scale)[:2]
-    if kernel == "cudnn":
-        return torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, scale=scale)[:2]
-    if kernel == "efficient":
-        return torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, scale=scale)[:2]
-    raise ValueError(f"DENSE_DOCUMENT must be 'flash', 'cudnn', 'efficient' or None, got {kernel!r}")
 
 
 def causal_attention(query, key, value, run: CausalRun, scale: float) -> torch.Tensor:

@@ -210,18 +210,12 @@ def stream_attention_fwd(
         tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=store_ok)
 
 
-@triton.jit(do_not_specialize=["num_queries"])
+@triton.jit
 def combine_splits(
-    PartO, PartLse, Out, DenseO, DenseLse, num_rows, num_heads, num_splits, stride_on, stride_oh,
-    num_queries, stride_dh, stride_dm, stride_lh, stride_lm,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, DENSE: tl.constexpr,
+    PartO, PartLse, Out, num_rows, num_heads, num_splits, stride_on, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):  # fmt: skip
-    """Merge the KV splits' partial outputs [splits, N * H, D] and LSEs [splits, N * H] into Out [N, H, D].
-
-    DENSE: one more part first, a dense kernel's output over the query heads of each KV head folded into its rows,
-    DenseO [H_kv, GROUP * N, D] (strides stride_dh, stride_dm) in its own dtype and its log-sum-exp DenseLse
-    [H_kv, >= GROUP * N] (natural, strides stride_lh, stride_lm): query n's head h at KV head h // GROUP, row
-    (h % GROUP) * N + n."""
+    """Merge the KV splits' partial outputs [splits, N * H, D] and LSEs [splits, N * H] into Out [N, H, D]."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < num_rows
     offs_d = tl.arange(0, BLOCK_D)
@@ -229,15 +223,6 @@ def combine_splits(
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
-    if DENSE:  # the running softmax starts from the dense part: m = its log-sum-exp (base 2), l = 1
-        query, head = rows // num_heads, rows % num_heads
-        kv_head, member = head // GROUP, (head % GROUP) * num_queries + query
-        lse = tl.load(DenseLse + kv_head * stride_lh + member * stride_lm, mask=row_ok, other=float("-inf"))
-        o = tl.load(DenseO + (kv_head * stride_dh + member * stride_dm)[:, None] + offs_d[None, :], mask=ok,
-                    other=0.0)  # fmt: skip
-        m_i = lse * LOG2E
-        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
-        acc = o.to(tl.float32)
     for s in range(num_splits):
         # -- fold split s in, weighted by its share of the softmax mass --
         lse = tl.load(PartLse + s * num_rows + rows, mask=row_ok, other=float("-inf"))
