@@ -544,22 +544,20 @@ def dense_document_ab(out: Path, ceiling: float, deadline: float) -> list[dict]:
     return rows
 
 
-def _add_dense_row(rows: list[dict], path: Path, case: dict, name: str, fns, whole: bool = True, **info) -> None:
-    """`dense_document_ab`'s row of `fns` (whole: the whole attention, its error against the reference; else the
-    document's part, its rate)."""
+def _add_dense_row(rows: list[dict], path: Path, case: dict, name: str, fns, whole: bool = True) -> None:
+    """`dense_document_ab`'s row of `fns` (whole: the whole attention, `row`'s bandwidth and error against the
+    reference; else the document's part, its rate)."""
     try:
         err = (fns[0]().float() - case["want"]).abs().max().item() if whole else None
         us = measure(fns)
     except Exception as exc:  # a kernel that does not take the shape, or is not captured in a graph
         rows.append({**case["base"], "method": name, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
-        keep(rows, path)
-        return
-    if whole:
-        info.update(max_abs_err_vs_sdpa=round(err, 4), of_copy_bw=round(case["step_bytes"] / (us * 1e-6)
-                                                                        / case["ceiling"], 3))  # fmt: skip
     else:
-        info["document_TFLOP/s"] = round(case["doc_flops"] / us / 1e6)
-    rows.append({**case["base"], "method": name, "us": round(us, 1), **info})
+        if whole:
+            rows.append({**case["base"], **row(name, us, case["step_bytes"], case["ceiling"], err)})
+        else:
+            rows.append({**case["base"], "method": name, "us": round(us, 1),
+                         "document_TFLOP/s": round(case["doc_flops"] / us / 1e6)})  # fmt: skip
     keep(rows, path)
 
 
