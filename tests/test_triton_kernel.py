@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -539,6 +543,25 @@ def test_launcher_refuses_bad_inputs():
         TritonBackend().attention(MODULE, q, k, v, None, pp_plan=AttentionPlan.for_slots(plan.q_slot, plan.ids))
     with pytest.raises(ValueError, match="block_m"):
         tile_plans.build_tile_plan(layout, plan.q_slot, group=2, block_m=24)
+
+
+def test_default_decode_launch_fits_twice_on_a_hopper_sm(tmp_path):
+    """`default_config` sizes a decode step's grid at twice the SMs' programs: one wave only where two of its
+    programs fit on an SM at once.  Built for sm_90 on any machine (eval/kernel_resources.py: the launcher's own
+    launch, compiled by Triton with its ptxas), at the grid's heads: an SM of an H100 or H200 holds 228 KiB of
+    shared memory (1 KiB of it reserved per program) and 64Ki registers."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the kernels compiled, not interpreted
+    done = subprocess.run([sys.executable, "eval/kernel_resources.py", "--arch", "90", "--json", str(tmp_path / "r")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads((tmp_path / "r").read_text())
+    assert [r["shape"] for r in rows] == ["codellama-7b", "qwen2.5-7b"]
+    for r in rows:
+        assert r["block_m"] == 64 and r["warps"] == 4, r  # the grid's tiles: 64 rows, 128 threads
+        assert 2 * (r["shared_bytes"] + 1024) <= 228 * 1024, r
+        assert 2 * r["warps"] * 32 * (-(-r["registers"] // 8) * 8) <= 65536, r  # allocated 8 registers at a time
+        assert r["local_bytes"] == 0, r  # no spills to local memory
 
 
 @pytest.mark.parametrize("streams_per_tile", [None, 1])

@@ -245,7 +245,8 @@ class KernelConfig:
 
 def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> KernelConfig:
     """64-key tiles 3 stages deep (16-bit, head dim <= 128; the best of eval/gpu_kernel_check.py's sweep for
-    decode and prefill alike, docs/benchmarks.md), and KV splits until the grid fills the GPU twice over."""
+    decode and prefill alike, docs/benchmarks.md), and KV splits until the grid fills the GPU twice over: one
+    wave of 64-row tiles, two of whose programs an H100 or H200 SM holds at once (eval/kernel_resources.py)."""
     wide = query.dtype == torch.float32 or triton.next_power_of_2(query.shape[-1]) > 128
     block_n, stages = (32, 2) if wide else (64, 3)  # fp32 or head dim 256: registers and shared memory
     splits = 1
