@@ -550,6 +550,10 @@ def test_default_decode_launch_fits_twice_on_a_hopper_sm(tmp_path):
     programs fit on an SM at once.  Built for sm_90 on any machine (eval/kernel_resources.py: the launcher's own
     launch, compiled by Triton with its ptxas), at the grid's heads: an SM of an H100 or H200 holds 228 KiB of
     shared memory (1 KiB of it reserved per program) and 64Ki registers."""
+    import triton.backends
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this Triton has no NVIDIA backend to build with")
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the kernels compiled, not interpreted
     done = subprocess.run([sys.executable, "eval/kernel_resources.py", "--arch", "90", "--json", str(tmp_path / "r")],
