@@ -106,13 +106,14 @@ def build(kernel, args, kwargs, arch: int):
             signature[name], aligned = "fp32", False
         if aligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {"num_warps": kwargs["num_warps"], "num_stages": kwargs["num_stages"]}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kwargs}
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", arch, 32),
                           options=options)  # fmt: skip
 
 
 def resources(compiled, warps: int, arch: int) -> dict:
-    """Shared memory, registers and spills of a compiled kernel, and its programs resident per SM."""
+    """Shared memory, registers and spills of a compiled kernel, its programs resident per SM, and its fp32
+    fused multiply-adds (PTX instructions)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "kernel.cubin")
         path.write_bytes(compiled.asm["cubin"])
@@ -124,7 +125,8 @@ def resources(compiled, warps: int, arch: int) -> dict:
     per_warp = -(-found["REG"] // 8) * 8 * 32  # registers are allocated 256 to a warp at a time
     fits = min(shared_sm // (shared + reserved), registers_sm // (per_warp * warps), warps_sm // warps)
     return {"shared_bytes": shared, "registers": found["REG"], "stack_bytes": found.get("STACK", 0),
-            "local_bytes": found.get("LOCAL", 0), "programs_per_sm": fits}  # fmt: skip
+            "local_bytes": found.get("LOCAL", 0), "programs_per_sm": fits,
+            "fused_multiply_adds": len(re.findall(r"\bfma\.rn\.f32\b", compiled.asm["ptx"]))}  # fmt: skip
 
 
 def main() -> None:

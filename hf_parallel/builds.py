@@ -26,7 +26,9 @@ _BUILDERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hf_parallel_bu
 
 def run_kernel(kernel, grid, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)`; inside `collecting`, the launch recorded instead; inside `awaiting`, made
-    once the awaited builds are done."""
+    once the awaited builds are done.  Multiplies and adds fuse, as the kernels were measured, whatever the
+    installed Triton's default (Triton 3.10 turns it off)."""
+    kwargs.setdefault("enable_fp_fusion", True)
     launches = getattr(_LOCAL, "launches", None)
     if launches is not None:
         launches.append((kernel, grid, args, kwargs))
