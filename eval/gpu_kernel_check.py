@@ -103,7 +103,7 @@ def decode_case(shape: str, streams: int, interleaved: bool = False, answer: int
         q_slot = torch.cat([torch.arange(s.slot_start, s.slot_start + s.length) for s in questions]).cuda()
     else:
         q_slot = layout.answer_slots[:, answer - 1].cuda().contiguous()
-    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
+    plan = AttentionPlan.for_slots(q_slot, ids)
     q = torch.randn(1, heads, len(q_slot), dim, device="cuda", dtype=torch.bfloat16)
     step_bytes = 2 * 2 * kv_heads * dim * (DOC + streams * (question + answer)) + 2 * 2 * streams * heads * dim
     layers = layers or max(2, math.ceil(L2_FLUSH_BYTES / step_bytes))
@@ -255,7 +255,7 @@ def bench_prefill() -> list[dict]:
     layout = build_layout([list(range(3, 3 + DOC))], 1)
     ids = SlotIds.from_layout(layout, torch.device("cuda"))
     q_slot = torch.arange(DOC - 2048, DOC, device="cuda")
-    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], DOC, ids)
+    plan = AttentionPlan.for_slots(q_slot, ids, DOC)
     q = torch.randn(1, heads, 2048, dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(1, kv_heads, DOC, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     flops = 4 * heads * dim * 2048 * (DOC - 1024)  # QK^T and PV over the causal part

@@ -16,7 +16,6 @@ full-size step of the same heads gets.  Programs per SM follow the CUDA programm
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -26,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import torch
 import triton
@@ -55,31 +55,17 @@ def decode_launch(heads: int, kv_heads: int, dim: int, dtype=torch.bfloat16, str
     doc = torch.randint(3, 30000, (300,), generator=gen).tolist()
     layout = build_layout([doc + torch.randint(3, 30000, (8,), generator=gen).tolist() for _ in range(streams)], 8)
     ids = SlotIds.from_layout(layout, torch.device("cpu"))
-    q_slot = layout.answer_slots[:, -1].contiguous()
-    plan = AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], int(q_slot.max()) + 1, ids)
-    query = torch.zeros(1, heads, len(q_slot), dim, dtype=dtype)
+    plan = AttentionPlan.for_slots(layout.answer_slots[:, -1], ids)
+    query = torch.zeros(1, heads, len(plan.q_slot), dim, dtype=dtype)
     key, value = (torch.zeros(1, kv_heads, plan.kv_len, dim, dtype=dtype) for _ in "kv")
-    tiles = build_tile_plan(layout, q_slot, heads // kv_heads)
+    tiles = build_tile_plan(layout, plan.q_slot, heads // kv_heads)
     config = default_config(query, key, tiles)  # on the CPU: one split (it counts the GPU's SMs)
     config = dataclasses.replace(config, num_splits=SPLITS, num_stages=stages or config.num_stages)
-    with builds.collecting() as launches, _cpu_launch_allowed():
+    # the launcher takes CPU tensors only under Triton's interpreter; nothing runs inside `collecting`
+    with builds.collecting() as launches, mock.patch.dict(os.environ, TRITON_INTERPRET="1"):
         stream_attention(query, key, value, plan, tiles, config=config)
     kernel, _, args, kwargs = launches[0]
     return kernel, args, {**kwargs, "PRECISION": None, "DOT_F32": False}, config  # the GPU's, not the interpreter's
-
-
-@contextlib.contextmanager
-def _cpu_launch_allowed():
-    """The launcher takes CPU tensors only under Triton's interpreter; nothing runs inside `collecting`."""
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
 
 
 def build(kernel, args, kwargs, arch: int):
@@ -111,7 +97,7 @@ def build(kernel, args, kwargs, arch: int):
                           options=options)  # fmt: skip
 
 
-def resources(compiled, warps: int, arch: int) -> dict:
+def resources(compiled, arch: int) -> dict:
     """Shared memory, registers and spills of a compiled kernel, its programs resident per SM, and its fp32
     fused multiply-adds (PTX instructions)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +107,7 @@ def resources(compiled, warps: int, arch: int) -> dict:
                                capture_output=True, text=True, check=True).stdout  # fmt: skip
     found = {k: int(v) for k, v in re.findall(r"\b(REG|STACK|LOCAL):(\d+)", usage)}
     shared_sm, reserved, registers_sm, warps_sm = SM_LIMITS[arch]
-    shared = compiled.metadata.shared
+    shared, warps = compiled.metadata.shared, compiled.metadata.num_warps
     per_warp = -(-found["REG"] // 8) * 8 * 32  # registers are allocated 256 to a warp at a time
     fits = min(shared_sm // (shared + reserved), registers_sm // (per_warp * warps), warps_sm // warps)
     return {"shared_bytes": shared, "registers": found["REG"], "stack_bytes": found.get("STACK", 0),
@@ -141,7 +127,7 @@ def main() -> None:
         kernel, launch_args, kwargs, config = decode_launch(heads, kv_heads, dim, stages=args.stages)
         row = {"shape": shape, "arch": arch, "triton": triton.__version__, "block_m": kwargs["BLOCK_M"],
                "block_n": config.block_n, "warps": config.num_warps, "stages": config.num_stages,
-               **resources(build(kernel, launch_args, kwargs, arch), config.num_warps, arch)}  # fmt: skip
+               **resources(build(kernel, launch_args, kwargs, arch), arch)}  # fmt: skip
         rows.append(row)
         print(json.dumps(row))
     if args.json:

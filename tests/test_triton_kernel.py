@@ -75,10 +75,7 @@ def doc_questions(n_streams: int, seed: int, max_new_tokens: int = 9, interleave
 
 
 def make_plan(layout, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
-    ids = SlotIds.from_layout(layout, DEVICE)
-    q_slot = q_slot.to(DEVICE).contiguous()
-    kv_len = kv_len or int(q_slot.max()) + 1
-    return AttentionPlan(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids)
+    return AttentionPlan.for_slots(q_slot.to(DEVICE), SlotIds.from_layout(layout, DEVICE), kv_len)
 
 
 def decode_slots(layout, step: int, seed: int) -> torch.Tensor:
