@@ -286,7 +286,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     real_tokens = methods.generate_tokens
 
     def interrupted(*args, **kwargs):  # the parallel method's second call never finishes
-        if sum(1 for line in open(config.checkpoint) if '"parallel"' in line) == 1:
+        if sum('"parallel"' in line for line in Path(config.checkpoint).read_text().splitlines()) == 1:
             raise KeyboardInterrupt
         return real_tokens(*args, **kwargs)
 
