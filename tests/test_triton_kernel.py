@@ -542,6 +542,26 @@ def test_launcher_refuses_bad_inputs():
         tile_plans.build_tile_plan(layout, plan.q_slot, group=2, block_m=24)
 
 
+@pytest.mark.skipif(CUDA, reason="the interpreter runs the kernel on the CPU only")
+def test_an_interpreter_that_cannot_run_the_kernel_is_named(monkeypatch):
+    """Triton's interpreter before 3.7 fails under NumPy 2.4 at the kernel's first loop (triton-lang/triton#9171):
+    the launcher says so and what to install, before the launch."""
+    layout = doc_questions(2, seed=7)
+    plan = make_plan(layout, layout.answer_slots[:, 1])
+    tiles = tile_plans.build_tile_plan(layout, plan.q_slot, 2, device=DEVICE)
+    q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
+    monkeypatch.setattr(launcher.triton, "__version__", "3.6.0")
+    monkeypatch.setattr(launcher.np, "__version__", "2.4.0")
+    launcher._interpreter_problem.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's interpreter .* NumPy 2\.4\.0 .* triton>=3\.7"):
+            launcher.stream_attention(q, k, v, plan, tiles)
+    finally:
+        monkeypatch.undo()
+        launcher._interpreter_problem.cache_clear()
+    launcher.stream_attention(q, k, v, plan, tiles)  # the installed versions
+
+
 def test_default_decode_launch_as_built_for_hopper(tmp_path):
     """`default_config` sizes a decode step's grid at twice the SMs' programs: one wave only where two of its
     programs fit on an SM at once.  Built for sm_90 on any machine (eval/kernel_resources.py: the launcher's own

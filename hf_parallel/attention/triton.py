@@ -10,14 +10,17 @@ SDPA (flash attention on the GPU) serves them, and the kernel the rest of the fo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
+from packaging.version import Version
 from torch.nn.attention.bias import causal_lower_right
 
 from .. import builds
@@ -415,3 +418,16 @@ def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> No
         raise ValueError(f"q, k, v, the plan and the tile plan must share one device; got {sorted(map(str, devices))}")
     if query.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("Triton attention runs on CUDA (or on the CPU under TRITON_INTERPRET=1)")
+    if query.device.type != "cuda" and (problem := _interpreter_problem()):
+        raise RuntimeError(problem)
+
+
+@functools.cache
+def _interpreter_problem() -> str | None:
+    """Why the installed Triton's interpreter cannot run the kernel, or None.  NumPy 2.4 no longer converts a
+    one-element array to an integer, which Triton's interpreter before 3.7 does for every loop bound that is a
+    tensor (triton-lang/triton#9171): the kernel would fail deep inside it."""
+    if Version(triton.__version__).release < (3, 7) and Version(np.__version__).release >= (2, 4):
+        return (f"Triton {triton.__version__}'s interpreter cannot run the kernel under NumPy {np.__version__} "
+                "(triton-lang/triton#9171): install numpy<2.4 or triton>=3.7")  # fmt: skip
+    return None
