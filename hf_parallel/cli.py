@@ -17,8 +17,8 @@ Answer questions about documents with parallel prompting.
                  Either file may be - for standard input.
   a corpus:      hf-parallel answer --corpus IN.jsonl --out OUT.jsonl
                  IN: one {"id": ..., "document": ..., "questions": [...]} object a line ("id" optional).
-                 OUT: one {"line", "id", "questions", "answers"} object per document, in input order,
-                 appended as documents finish.  Run again after an interruption, a run skips the
+                 OUT: one {"line", "id", "questions", "answers"} object per document ("id" where IN has one),
+                 in input order, appended as documents finish.  Run again after an interruption, a run skips the
                  documents OUT holds (by id, else by line number) and appends the others.  A bad line
                  (not JSON, no document, no questions, a repeated id, a prompt longer than the model
                  takes) is reported and skipped, the other documents are answered, and the command
