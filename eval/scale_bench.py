@@ -426,15 +426,20 @@ def tensor_parallel(args) -> dict | None:
                   roofline_model="tensor parallel: all bytes / the GPUs' summed bandwidth")  # fmt: skip
     report = compare(report, pp, stock, bound, len(prompts) * args.answer)
     main_rank = dist.get_rank() == 0
+    model = None  # its device mesh holds the group: see leave_group
     leave_group()
     return report if main_rank else None
 
 
 def leave_group() -> None:
-    """Every process leaves the group together: one that exits while gloo still talks to it aborts the other
-    ("terminate called without an active exception")."""
+    """Every process leaves the group together, its tensor-parallel model freed first.  A process that exits while
+    gloo still talks to it aborts the other, and so does one whose group outlives `destroy_process_group` (held by a
+    model's device mesh): gloo's threads then release their last work during Python's shutdown, and abort
+    ("terminate called without an active exception"; about one run in 15 on transformers 5.17, none in 40 with the
+    model freed first)."""
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
+        gc.collect()  # the model's device mesh, in reference cycles
         torch.distributed.destroy_process_group()
 
 
