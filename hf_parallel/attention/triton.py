@@ -416,10 +416,11 @@ def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> No
     devices = {t.device for t in (query, key, value, plan.q_slot, plan.ids.slot_seg, tiles.tile_query)}
     if len(devices) != 1:
         raise ValueError(f"q, k, v, the plan and the tile plan must share one device; got {sorted(map(str, devices))}")
-    if query.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError("Triton attention runs on CUDA (or on the CPU under TRITON_INTERPRET=1)")
-    if query.device.type != "cuda" and (problem := _interpreter_problem()):
-        raise RuntimeError(problem)
+    if query.device.type != "cuda":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError("Triton attention runs on CUDA (or on the CPU under TRITON_INTERPRET=1)")
+        if problem := _interpreter_problem():
+            raise RuntimeError(problem)
 
 
 @functools.cache
