@@ -39,6 +39,11 @@ def run_kernel(kernel, grid, *args, **kwargs) -> None:
     kernel[grid](*args, **kwargs)
 
 
+def recording() -> bool:
+    """Whether this thread is inside `collecting`, where a launch is recorded and nothing runs."""
+    return getattr(_LOCAL, "launches", None) is not None
+
+
 @contextlib.contextmanager
 def collecting():
     """The launches `run_kernel` is asked for inside the block, (kernel, grid, args, kwargs) each, not made."""
