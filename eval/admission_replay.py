@@ -1,7 +1,7 @@
 """Replay continuous refill's admissions on a corpus_bench workload, without a model: decode rounds, live streams.
 
 Every stream decodes one token a round for its coded answer length; the row admits prompts as
-`hf_parallel.admission.Admission` decides (the engine's own policy and allocator), with refill
+`hf_parallel.engine.admission.Admission` decides (the engine's own policy and allocator), with refill
 and as static waves.  The counts say what a schedule can gain before any forward runs: rounds
 (forwards), mean live streams, rounds that admit prompts (eager forwards with prefill and decode
 together), the mean number of cohorts live in a round (streams admitted in one round choose their
@@ -27,8 +27,8 @@ import argparse
 
 from corpus_bench import workload
 
-from hf_parallel.admission import Admission
-from hf_parallel.budget import RowBudget
+from hf_parallel.engine.admission import Admission
+from hf_parallel.engine.budget import RowBudget
 
 
 class ExactRoom(Admission):

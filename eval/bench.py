@@ -67,16 +67,18 @@ from unittest import mock
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions, Session, fusion, generate_tokens, projections
-from hf_parallel import cache as packed_cache
-from hf_parallel import runner as runner_module
+from hf_parallel import GenerationOptions, Session, generate_tokens
 from hf_parallel.attention import resolve_backend
 from hf_parallel.attention import triton as triton_backend
 from hf_parallel.attention.triton import TritonBackend
-from hf_parallel.fusion import FUNCTION
-from hf_parallel.layout import build_layout
-from hf_parallel.runner import Runner
-from hf_parallel.support import cache_keyword, check_support
+from hf_parallel.engine import runner as runner_module
+from hf_parallel.engine.probe import check_support
+from hf_parallel.engine.runner import Runner
+from hf_parallel.models import compiled_parts, projections
+from hf_parallel.models.checks import cache_keyword
+from hf_parallel.models.compiled_parts import FUNCTION
+from hf_parallel.row import cache as packed_cache
+from hf_parallel.row.layout import build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -114,22 +116,22 @@ def wide_own_launch():
 
 
 def ungrouped():
-    """Every projection its own GEMM: the ablation of `hf_parallel.projections` (q|k|v as one)."""
+    """Every projection its own GEMM: the ablation of `hf_parallel.models.projections` (q|k|v as one)."""
     return mock.patch.object(projections, "SIBLINGS", ())
 
 
 def prefill_apart():
     """A prefill chunk's q, k and v (an input wider than `projections.MOST_ROWS`) each a tensor of its own, not
-    columns of one output: the ablation of `projections._Group.outputs`' writes (the rotary embedding then compiles
-    a second graph, for the decode steps' strides)."""
-    outputs = projections._Group.outputs
+    columns of one output: the ablation of `projections.ProjectionGroup.outputs`' writes (the rotary embedding then
+    compiles a second graph, for the decode steps' strides)."""
+    outputs = projections.ProjectionGroup.outputs
 
     def apart(self, x):
         if projections.one_gemm(x):
             return outputs(self, x)
         return [torch.nn.functional.linear(x, m.weight, m.bias) for m in self.members]
 
-    return mock.patch.object(projections._Group, "outputs", apart)
+    return mock.patch.object(projections.ProjectionGroup, "outputs", apart)
 
 
 @contextlib.contextmanager
@@ -149,7 +151,7 @@ def every_block_masked():
 
 
 def index_copy_writes():
-    """The cache's K/V written by `index_copy_`: the ablation of the Triton write (`hf_parallel.cache`)."""
+    """The cache's K/V written by `index_copy_`: the ablation of the Triton write (`hf_parallel.row.cache`)."""
     return mock.patch.object(packed_cache, "cache_write", None)
 
 
@@ -180,8 +182,11 @@ def prefill_synced():
 @contextlib.contextmanager
 def every_dim_dynamic():
     """The layers' parts compiled with every dimension dynamic, their own graphs: the ablation of
-    `hf_parallel.fusion`'s static widths."""
-    with mock.patch.object(fusion, "DYNAMIC", True), mock.patch.object(fusion._Fused, "compiled", {}):
+    `hf_parallel.models.compiled_parts`'s static widths."""
+    with (
+        mock.patch.object(compiled_parts, "DYNAMIC", True),
+        mock.patch.object(compiled_parts.CompiledPart, "compiled", {}),
+    ):
         yield
 
 
@@ -275,7 +280,7 @@ def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bo
             return generate_tokens(model, prompts, session=session, **options)
         opts = GenerationOptions.resolve(model, **options)
         layout = build_layout(prompts, max_new_tokens, interleaved)
-        return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), session=session).run()
+        return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), support, session).run()
     finally:
         support.fusable = parts
 

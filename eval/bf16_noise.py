@@ -23,8 +23,8 @@ import torch
 from gpu_smollm2 import alone as generate_alone  # eval/, beside this script
 
 from hf_parallel import generate_tokens, render_prompts
-from hf_parallel.evaluation.datasets import load_squad
-from hf_parallel.models import load_smollm2
+from hf_parallel.evaluation.loaders import load_squad
+from hf_parallel.frontends.default_model import load_smollm2
 
 
 def _until(tokens: list[int], eos: int) -> list[int]:

@@ -42,9 +42,9 @@ import hf_parallel  # noqa: E402
 from eval.bench import BOOK  # noqa: E402
 from eval.bench import SHAPES as BENCH_SHAPES  # noqa: E402
 from hf_parallel.attention import resolve_backend  # noqa: E402
-from hf_parallel.budget import row_budget  # noqa: E402
-from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.support import check_support  # noqa: E402
+from hf_parallel.engine.budget import row_budget  # noqa: E402
+from hf_parallel.engine.probe import check_support  # noqa: E402
+from hf_parallel.row.layout import build_layout  # noqa: E402
 
 LENGTH_BASE = 1000  # the question's last token is LENGTH_BASE + its answer length
 SHAPES = {  # bench's model shapes; a tiny one whose vocabulary holds LENGTH_BASE + every answer length

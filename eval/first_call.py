@@ -5,19 +5,19 @@ process.
     python eval/first_call.py --model codellama-7b --compile auto false true --out $OUT/first-call.json
     python eval/first_call.py --model codellama-7b --compile auto true --out $OUT/first-call-again.json  # again
 
-Each `--compile` value runs in a process of its own (started by this script), so nothing of one is warm in the
-next but what lies on disk: Triton's kernel cache and torch.compile's caches (Inductor's FX graph and AOTAutograd
-caches, on by default), which a second run of the script finds.  In each process: `calls` calls of
+Each `--compile` value runs in a process of its own (started by this script), so nothing of one is warm in the next
+but what lies on disk: Triton's kernel cache and torch.compile's caches (Inductor's FX graph and AOTAutograd caches,
+on by default), which a second run of the script finds.  In each process: `calls` calls of
 `hf_parallel.generate_tokens` on the same prompts (benchmark's workload: a War and Peace slice, forced answer
-tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of
-the others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread, those on
-threads beside it, and Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.
-`--no-prebuild` measures with every kernel built at its first launch, on the calling thread, not on threads
-before it (`Runner.prebuild_prefill` and `Runner.prebuild_step`); `--no-early-import` with Inductor's compiler
-imported at the first `torch.compile`, not beside the support probe (`fusion.import_compiler`); `--prefill-apart`
-with a prefill chunk's q, k and v each a tensor of its own (bench's `pp_prefill_apart`: the rotary embedding
-compiles a second graph, for the decode steps' strides); `--profile N` adds the
-first call's cProfile (top N functions by cumulative time; it slows Python-heavy work).
+tokens, random bf16 weights of the shape), each timed; the first call's overhead is its time less the best of the
+others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread, those on threads
+beside it, and Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.
+`--no-prebuild` measures with every kernel built at its first launch, on the calling thread, not on threads before
+it (`Runner.prebuild_prefill` and `Runner.prebuild_step`); `--no-early-import` with Inductor's compiler imported at
+the first `torch.compile`, not beside the support probe (`compiled_parts.import_compiler`); `--prefill-apart` with a
+prefill chunk's q, k and v each a tensor of its own (bench's `pp_prefill_apart`: the rotary embedding compiles a
+second graph, for the decode steps' strides); `--profile N` adds the first call's cProfile (top N functions by
+cumulative time; it slows Python-heavy work).
 
 The first call imports Inductor, so it also pays Python's compilation of Inductor's modules to bytecode where no
 bytecode cache can be written (`PYTHONDONTWRITEBYTECODE=1`, as on some shared machines): each row says whether one
@@ -55,14 +55,14 @@ def one_process(args) -> dict:
 
     device, compiled = torch.device(args.device), COMPILE[args.compile[0]]  # a child runs one setting
     if args.no_prebuild:  # the ablation: each kernel built at its first launch, on the calling thread
-        from hf_parallel.runner import Runner
+        from hf_parallel.engine.runner import Runner
 
         Runner.prebuild_prefill = lambda self, chunks: []
         Runner.prebuild_step = lambda self: []
     if args.no_early_import:  # the ablation: Inductor's compiler imported at the first torch.compile, not beside
-        from hf_parallel import generation  # the support probe
+        from hf_parallel.engine import generate  # the support probe
 
-        generation.import_compiler = lambda: None
+        generate.import_compiler = lambda: None
     if args.prefill_apart:  # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)
         from eval.bench import prefill_apart
 
@@ -121,10 +121,13 @@ def main(argv: list[str] | None = None) -> None:
                              "(`Runner.prebuild_prefill`, `Runner.prebuild_step`)")  # fmt: skip
     parser.add_argument("--no-early-import", action="store_true",
                         help="the ablation: import Inductor's compiler at the first torch.compile, not on a thread "
-                             "beside the support probe (`fusion.import_compiler`)")  # fmt: skip
-    parser.add_argument("--prefill-apart", action="store_true",
-                        help="the ablation: a prefill chunk's q, k and v each a tensor of its own, not columns "
-                             "of one output (`projections._Group.outputs`): rotary compiles twice")  # fmt: skip
+                             "beside the support probe (`compiled_parts.import_compiler`)")  # fmt: skip
+    parser.add_argument(
+        "--prefill-apart",
+        action="store_true",
+        help="the ablation: a prefill chunk's q, k and v each a tensor of its own, not columns "
+        "of one output (`projections.ProjectionGroup.outputs`): rotary compiles twice",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

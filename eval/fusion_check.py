@@ -24,7 +24,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_parallel.fusion import OPTIONS  # noqa: E402
+from hf_parallel.models.compiled_parts import OPTIONS  # noqa: E402
 
 SHAPES = {"codellama": (32, 32, 128), "qwen": (28, 4, 128)}  # heads, KV heads, head size
 CASES = ((8192, False), (256, True), (64, True), (128, True))  # tokens, q and k views of one q|k|v output

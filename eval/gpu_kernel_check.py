@@ -56,8 +56,8 @@ from hf_parallel.attention.triton import (  # noqa: E402
     own_streams_per_tile,
     stream_attention,
 )
-from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.plan import AttentionPlan, Row, SlotIds  # noqa: E402
+from hf_parallel.row.layout import build_layout  # noqa: E402
+from hf_parallel.row.plan import AttentionPlan, Row, SlotIds  # noqa: E402
 
 SHAPES = {"codellama-7b": (32, 32, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, KV heads, head dim
 DOC, QUESTION, ANSWER = 8192, 32, 96  # own region = QUESTION + ANSWER = 128 slots

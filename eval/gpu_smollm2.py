@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from hf_parallel import generate_tokens, render_prompts
-from hf_parallel.evaluation.datasets import load_squad
-from hf_parallel.models import load_smollm2
+from hf_parallel.evaluation.loaders import load_squad
+from hf_parallel.frontends.default_model import load_smollm2
 
 
 def alone(model, prompt, new, eos):

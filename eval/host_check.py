@@ -31,10 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.bench import BOOK  # noqa: E402
-from hf_parallel import generation, placement, projections, support  # noqa: E402
-from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.models import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
-from hf_parallel.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402
+from hf_parallel.engine import generate  # noqa: E402
+from hf_parallel.frontends.default_model import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
+from hf_parallel.frontends.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402
+from hf_parallel.models import placement, projections  # noqa: E402
+from hf_parallel.models.checks import check_model  # noqa: E402
+from hf_parallel.row.layout import build_layout  # noqa: E402
 
 
 def best_of(fn, repeats: int) -> float:
@@ -54,14 +56,14 @@ def main(argv: list[str] | None = None) -> None:
                                       max_position_embeddings=args.doc + 1024)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     walks = {"placement": placement.placement, "sibling groups": projections.sibling_groups,
-             "check_model": support.check_model}  # fmt: skip
+             "check_model": check_model}  # fmt: skip
     print(f"{args.layers} layers: " + ", ".join(f"{name} {best_of(lambda f=f: f(model), args.repeats) * 1e3:.1f} ms"
                                                for name, f in walks.items()))  # fmt: skip
     rng = random.Random(0)
     doc = [rng.randrange(config.vocab_size) for _ in range(args.doc)]
     for n in args.questions:
         prompts = [doc + [rng.randrange(config.vocab_size) for _ in range(12)] for _ in range(n)]
-        checks = best_of(lambda p=prompts: generation._Call.prepare(model, p, dict(max_new_tokens=128), None),
+        checks = best_of(lambda p=prompts: generate.Call.prepare(model, p, dict(max_new_tokens=128), None),
                          args.repeats)  # fmt: skip
         layout = best_of(lambda p=prompts: build_layout(p, 128), args.repeats)
         print(f"{n} prompts of {args.doc + 12} tokens: input checks {checks * 1e3:.0f} ms, "

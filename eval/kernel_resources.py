@@ -8,7 +8,7 @@ ships), so this reads the fit off the compiled kernel, for the Triton installed,
     python eval/kernel_resources.py                       # sm_90 (H100, H200): CodeLlama-7B's and Qwen2.5-7B's heads
     python eval/kernel_resources.py --arch 90 80 --stages 2  # and A100 (sm_80), a shallower pipeline than the default
 
-The launch is the launcher's own (`stream_attention`, recorded by `builds.collecting`, not made) on a small
+The launch is the launcher's own (`stream_attention`, recorded by `prebuild.collecting`, not made) on a small
 decode step: the key and query counts are arguments the kernel is not specialized on, so the build is the one a
 full-size step of the same heads gets.  Programs per SM follow the CUDA programming guide's per-SM limits.
 """
@@ -34,11 +34,11 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_parallel import builds  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
 from hf_parallel.attention.triton import default_config, stream_attention  # noqa: E402
-from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.plan import AttentionPlan, SlotIds  # noqa: E402
+from hf_parallel.kernels import prebuild  # noqa: E402
+from hf_parallel.row.layout import build_layout  # noqa: E402
+from hf_parallel.row.plan import AttentionPlan, SlotIds  # noqa: E402
 
 SHAPES = {"codellama-7b": (32, 32, 128), "qwen2.5-7b": (28, 4, 128)}  # heads, KV heads, head dim
 # per SM: shared memory (bytes), of it reserved per program, 32-bit registers, resident warps
@@ -62,7 +62,7 @@ def decode_launch(heads: int, kv_heads: int, dim: int, dtype=torch.bfloat16, str
     config = default_config(query, key, tiles)  # on the CPU: one split (it counts the GPU's SMs)
     config = dataclasses.replace(config, num_splits=SPLITS, num_stages=stages or config.num_stages)
     # the launcher takes CPU tensors only under Triton's interpreter; nothing runs inside `collecting`
-    with builds.collecting() as launches, mock.patch.dict(os.environ, TRITON_INTERPRET="1"):
+    with prebuild.collecting() as launches, mock.patch.dict(os.environ, TRITON_INTERPRET="1"):
         stream_attention(query, key, value, plan, tiles, config=config)
     kernel, _, args, kwargs = launches[0]
     return kernel, args, {**kwargs, "PRECISION": None, "DOT_F32": False}, config  # the GPU's, not the interpreter's

@@ -75,7 +75,8 @@ def table(rows: list[tuple[str, str, Outcome]], encoder_decoder: list[str]) -> s
         "(`pytest tests/test_model_coverage.py --full-sweep` asserts the same outcomes.)",
         "",
         "- **token-identical**: every answer equals plain `model.generate` on its prompt alone;",
-        "- **refused**: `NotImplementedError` naming one of `hf_parallel.support.REASONS`, before any generation;",
+        "- **refused**: `NotImplementedError` naming one of `hf_parallel.models.checks.REASONS`, before any "
+        "generation;",
         "- **skipped**: the tiny model cannot run plain `model.generate`, so there is nothing to compare against;",
         "- **fails**: a wrong answer or another error that looks like a bug in hf_parallel (what was seen in the "
         "last column).",

@@ -2,12 +2,12 @@
 
     python eval/prefill_qkv_check.py --out $OUT/prefill-qkv.json
 
-Where a GPU runs the model, `hf_parallel.projections` gives an input of more than `MOST_ROWS` rows (a prefill
-chunk) each member's own GEMM, its output filling its columns of one tensor (`_Group.outputs`), so that the rotary
-embedding sees the decode steps' strides and compiles one graph.  For the first decoder layer's q_proj, k_proj and
-v_proj of each model shape (random weights, the model's dtype on the device: bf16 on a GPU), at each row count this
-checks the outputs bitwise equal to `F.linear`'s, member by member (as `pp_prefill_apart` runs them), and times
-both, µs per call (CUDA events, the best of 5 runs of `--reps` calls, the two measured in turn twice).
+Where a GPU runs the model, `hf_parallel.models.projections` gives an input of more than `MOST_ROWS` rows (a prefill
+chunk) each member's own GEMM, its output filling its columns of one tensor (`ProjectionGroup.outputs`), so that the
+rotary embedding sees the decode steps' strides and compiles one graph.  For the first decoder layer's q_proj,
+k_proj and v_proj of each model shape (random weights, the model's dtype on the device: bf16 on a GPU), at each row
+count this checks the outputs bitwise equal to `F.linear`'s, member by member (as `pp_prefill_apart` runs them), and
+times both, µs per call (CUDA events, the best of 5 runs of `--reps` calls, the two measured in turn twice).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.bench import SHAPES  # noqa: E402
-from hf_parallel.projections import _Group  # noqa: E402
+from hf_parallel.models.projections import ProjectionGroup  # noqa: E402
 
 
 def members(shape: str, device: torch.device) -> list[torch.nn.Linear]:
@@ -65,7 +65,7 @@ def best_us(fn, reps: int, device: torch.device) -> float:
 
 def check(shape: str, rows: list[int], reps: int, device: torch.device) -> list[dict]:
     linears = members(shape, device)
-    group = _Group(linears)
+    group = ProjectionGroup(linears)
     out = []
     for n in rows:
         x = torch.randn(1, n, linears[0].in_features, device=device, dtype=linears[0].weight.dtype)

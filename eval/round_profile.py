@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 import hf_parallel  # noqa: E402
 from eval.corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
 from eval.profile_step import group_of  # noqa: E402
-from hf_parallel import processing  # noqa: E402
 from hf_parallel.attention.triton import TritonStaticPlan  # noqa: E402
-from hf_parallel.engine import Cohort, RefillEngine  # noqa: E402
-from hf_parallel.graphs import DecodeGraphs  # noqa: E402
-from hf_parallel.runner import Runner  # noqa: E402
+from hf_parallel.decoding import logits  # noqa: E402
+from hf_parallel.engine.cuda_graphs import DecodeGraphs  # noqa: E402
+from hf_parallel.engine.refill import Cohort, RefillEngine  # noqa: E402
+from hf_parallel.engine.runner import Runner  # noqa: E402
 
 
 class Patched:
@@ -124,7 +124,7 @@ class HostTimer(Patched):
 class CompileTimer(HostTimer):
     """Wall time and count of Triton's kernel builds in this process (`JITFunction._do_compile`: a build from
     source or a load from Triton's disk cache), on the thread that made the timer, by kernel, and on other threads
-    (`hf_parallel.builds`' builders: their seconds overlap each other's and the caller's); and of dynamo's
+    (`hf_parallel.kernels.prebuild`' builders: their seconds overlap each other's and the caller's); and of dynamo's
     compilations (its own `compilation_time_metrics`, whose entries nest, so only the outermost,
     `_compile.compile_inner`, is summed)."""
 
@@ -165,12 +165,12 @@ class CompileTimer(HostTimer):
 def gathered():
     """generate's processors of a group holding every row run as for several groups: the rows' scores gathered,
     processed and scattered back (the ablation of `Processing`'s whole-group calls)."""
-    saved = processing._whole
-    processing._whole = lambda rows: None
+    saved = logits.whole_group
+    logits.whole_group = lambda rows: None
     try:
         yield
     finally:
-        processing._whole = saved
+        logits.whole_group = saved
 
 
 def timed_call(model, prompts, targets, **options) -> dict:

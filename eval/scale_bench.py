@@ -17,10 +17,11 @@ the script needs no book or tokenizer on the GPU machine); every answer is force
       files), and every rank fills its own shards with seeded random values after loading.  hf_parallel gets an explicit
       max_memory (the smallest free memory of the ranks unless --max-memory), so every rank sizes the same row.
   --mode data       accelerate launch --num_processes N eval/scale_bench.py --mode data
-      --docs documents x --questions, split over the processes by hf_parallel.sharding.balanced_split; each
-      process builds the model on its own device and answers its share with one generate_tokens call.  Wall time
-      from a barrier before to a barrier after; runs with other N accumulate in one JSON, the table shows the
-      speedup over N=1.  Each process checks its first --check-docs documents against stock Transformers.
+      --docs documents x --questions, split over the processes by
+      hf_parallel.frontends.data_parallel.balanced_split; each process builds the model on its own device and
+      answers its share with one generate_tokens call.  Wall time from a barrier before to a barrier after; runs
+      with other N accumulate in one JSON, the table shows the speedup over N=1.  Each process checks its first
+      --check-docs documents against stock Transformers.
 
 Roofline (placement, tp): per forward, max(bytes / copy bandwidth, FLOPs / bf16 matmul rate), summed over the
 prefill and the decode steps (eval/bench.py's `roofline`: all weights once, the document's KV once and each
@@ -51,9 +52,9 @@ import transformers
 from accelerate.utils import gather_object, get_balanced_memory, set_module_tensor_to_device
 
 import hf_parallel
-from hf_parallel.budget import free_memory as device_free_memory
-from hf_parallel.placement import eager_only, execution_devices, is_tensor_parallel, loop_device, normal_device
-from hf_parallel.sharding import balanced_split, process_state
+from hf_parallel.engine.budget import free_memory as device_free_memory
+from hf_parallel.frontends.data_parallel import balanced_split, process_state
+from hf_parallel.models.placement import eager_only, execution_devices, is_tensor_parallel, loop_device, normal_device
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # weights' shapes; the rope base as the real model's (it changes no timing)

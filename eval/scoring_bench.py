@@ -38,12 +38,18 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-from hf_parallel.evaluation.datasets import load_squad
-from hf_parallel.judging import ChoiceQuestion, ScoreQuestion, answer_spellings, assemble_answers, render_judgments
-from hf_parallel.layout import build_layout
-from hf_parallel.prompting import render_prompts
-from hf_parallel.scoring import score_tree, target_rows, tree_sequences
-from hf_parallel.support import cache_keyword
+from hf_parallel.evaluation.loaders import load_squad
+from hf_parallel.frontends.judging import (
+    ChoiceQuestion,
+    ScoreQuestion,
+    answer_spellings,
+    assemble_answers,
+    render_judgments,
+)
+from hf_parallel.frontends.prompting import render_prompts
+from hf_parallel.frontends.scoring import score_tree, target_rows, tree_sequences
+from hf_parallel.models.checks import cache_keyword
+from hf_parallel.row.layout import build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
@@ -349,7 +355,7 @@ def load_model(args):
         with torch.device(args.device):
             model = transformers.AutoModelForCausalLM.from_config(SHAPES[args.model_shape](), dtype=dtype)
         return model.eval(), None
-    from hf_parallel.models import load_smollm2
+    from hf_parallel.frontends.default_model import load_smollm2
 
     return load_smollm2(dtype, args.device)
 

@@ -35,9 +35,9 @@ EOS, MAX_NEW = 2, 32
 
 def squad_prompts(data: Path) -> list[list[list[int]]]:
     """Each document's question prompts, token ids, as `eval/quality.py` builds them for SmolLM2."""
+    from hf_parallel.evaluation.loaders import load_documents
     from hf_parallel.evaluation.prompts import question_prompts
-    from hf_parallel.evaluation.sources import load_documents
-    from hf_parallel.models import SMOLLM2_GGUF, smollm2_dir
+    from hf_parallel.frontends.default_model import SMOLLM2_GGUF, smollm2_dir
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
     return [question_prompts(tokenizer, "squad", doc) for doc in load_documents("squad", str(data), None)]

@@ -8,12 +8,12 @@ its question were asked alone.
 from transformers import PreTrainedModel
 
 from .attention import AttentionBackend
-from .generation import generate_tokens, stream_tokens
-from .judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge
-from .options import GenerationOptions
-from .prompting import generate_parallel, render_prompt, render_prompts
-from .scoring import score_continuations
-from .session import Session
+from .decoding.options import GenerationOptions
+from .engine.generate import generate_tokens, stream_tokens
+from .frontends.judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge
+from .frontends.prompting import generate_parallel, render_prompt, render_prompts
+from .frontends.scoring import score_continuations
+from .frontends.session import Session
 
 __all__ = [
     "generate_parallel", "generate_tokens", "stream_tokens", "Session", "render_prompt", "render_prompts",

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from .corpus import TOKENS_PER_CALL
+from .frontends.corpus import TOKENS_PER_CALL
 
 ANSWER_HELP = """\
 Answer questions about documents with parallel prompting.
@@ -49,7 +49,7 @@ class AnswerConfig:
     progress: bool | None = None  # a progress bar (corpus mode); default: when stderr is a terminal
 
     def __post_init__(self):
-        from .prompting import check_template
+        from .frontends.prompting import check_template
 
         single, corpus = (self.document, self.questions), (self.corpus, self.out)
         if any(single) == any(corpus):
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         config = _answer_config(answer, args)
         _answer_corpus(answer, config) if config.corpus else _answer_document(answer, config)
         return
-    from .demo import run
+    from .frontends.demo import run
 
     run(max_new_tokens=args.max_new_tokens)
 
@@ -141,7 +141,7 @@ def _positive_int(text: str) -> int:
 
 def _answer_document(parser: argparse.ArgumentParser, config: AnswerConfig) -> None:
     """Print each question of the questions file with its answer about the document file."""
-    from .prompting import generate_parallel
+    from .frontends.prompting import generate_parallel
 
     document = _read(parser, config.document, "document").strip()
     questions = [line.strip() for line in _read(parser, config.questions, "questions").splitlines() if line.strip()]
@@ -166,8 +166,9 @@ def _answer_corpus(parser: argparse.ArgumentParser, config: AnswerConfig) -> Non
     appends to a part file of --out; once all are done, the main process appends the parts to --out
     in input order.  Parts left by an interrupted run are honoured the same way by one process.
     """
-    from .corpus import answer_key, append_json_lines
-    from .sharding import answer_share, merge_parts, part_files, part_path, process_state
+    from .frontends.corpus import answer_key
+    from .frontends.data_parallel import answer_share, merge_parts, part_files, part_path, process_state
+    from .frontends.jsonlines import append_json_lines
 
     state = process_state(cpu=True if (config.device or "").startswith("cpu") else None)
     # --out gets lines directly only as before: one process, no parts to put in order with them
@@ -200,7 +201,7 @@ def _answer_corpus(parser: argparse.ArgumentParser, config: AnswerConfig) -> Non
 def _corpus_todo(parser: argparse.ArgumentParser, config: AnswerConfig) -> tuple[list[dict], list[tuple]]:
     """The corpus's good records that neither --out nor its part files hold yet, and its bad lines
     (reported on stderr)."""
-    from .corpus import answer_key, read_corpus
+    from .frontends.corpus import answer_key, read_corpus
 
     try:
         records, problems = read_corpus(config.corpus)
@@ -223,8 +224,8 @@ def _corpus_todo(parser: argparse.ArgumentParser, config: AnswerConfig) -> tuple
 
 def _finished(parser: argparse.ArgumentParser, config: AnswerConfig) -> dict:
     """The documents --out and its part files (from an interrupted run over several processes) hold."""
-    from .corpus import finished_answers
-    from .sharding import part_files
+    from .frontends.corpus import finished_answers
+    from .frontends.data_parallel import part_files
 
     finished = {}
     try:
@@ -238,8 +239,8 @@ def _finished(parser: argparse.ArgumentParser, config: AnswerConfig) -> dict:
 
 def _fitting(parser, model, tokenizer, records: list[dict], config: AnswerConfig, problems: list) -> list[dict]:
     """The records whose prompts fit the model's positions; each other one becomes a reported bad line."""
-    from .inputs import check_tokens
-    from .prompting import render_prompts
+    from .decoding.inputs import check_tokens
+    from .frontends.prompting import render_prompts
 
     fitting = []
     for record in records:
@@ -264,7 +265,7 @@ def _skip(parser: argparse.ArgumentParser, config: AnswerConfig, line: int, prob
 
 def _report(parser: argparse.ArgumentParser, message: str) -> None:
     """A note on stderr, from the main process only: every process of a launch finds the same."""
-    from .sharding import process_state
+    from .frontends.data_parallel import process_state
 
     if process_state().is_main_process:
         print(f"{parser.prog}: {message}", file=sys.stderr)
@@ -297,7 +298,7 @@ def _load(parser: argparse.ArgumentParser, config: AnswerConfig):
     dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     try:
         if config.model is None:
-            from .models import load_smollm2
+            from .frontends.default_model import load_smollm2
 
             return load_smollm2(getattr(torch, dtype), device)
         from transformers import AutoModelForCausalLM, AutoTokenizer

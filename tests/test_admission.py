@@ -1,10 +1,10 @@
-"""Continuous refill's admission policy (`hf_parallel.admission`) on its own, without a model."""
+"""Continuous refill's admission policy (`hf_parallel.engine.admission`) on its own, without a model."""
 
 from __future__ import annotations
 
-from hf_parallel.admission import Admission
-from hf_parallel.budget import RowBudget
-from hf_parallel.rowlayout import Forest
+from hf_parallel.engine.admission import Admission
+from hf_parallel.engine.budget import RowBudget
+from hf_parallel.row.forest import Forest
 
 
 def test_a_full_row_does_not_try_every_waiting_document(monkeypatch):

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from hf_parallel import cache  # noqa: E402
+from hf_parallel.row import cache  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -103,7 +103,7 @@ def test_eval_flag_values_the_config_refuses(monkeypatch, capsys, flags, message
 @pytest.mark.parametrize("value", ["0", "-3", "many"])
 def test_demo_needs_a_positive_max_new_tokens(monkeypatch, capsys, value):
     ran = []
-    monkeypatch.setattr("hf_parallel.demo.run", lambda **kwargs: ran.append(kwargs))
+    monkeypatch.setattr("hf_parallel.frontends.demo.run", lambda **kwargs: ran.append(kwargs))
     err = usage_error(capsys, ["demo", "--max-new-tokens", value])
     assert "hf-parallel demo: error: argument --max-new-tokens:" in err and ">= 1" in err and not ran
 
@@ -112,7 +112,9 @@ def test_demo_needs_a_positive_max_new_tokens(monkeypatch, capsys, value):
 
 
 def test_eval_refuses_the_checkpoint_of_another_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", lambda *a, **k: (tiny_model("llama"), char_tokenizer()))
+    monkeypatch.setattr(
+        "hf_parallel.frontends.default_model.load_smollm2", lambda *a, **k: (tiny_model("llama"), char_tokenizer())
+    )
     checkpoint = tmp_path / "run.jsonl"
     checkpoint.write_text('{"hf_parallel_quality_checkpoint": 1, "model": "another"}\n')
     err = usage_error(capsys, ["eval", "--data", str(squad_file(tmp_path)), "--checkpoint", str(checkpoint)])

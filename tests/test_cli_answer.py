@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import hf_parallel.corpus as corpus
+import hf_parallel.frontends.corpus as corpus
 from hf_parallel import cli, generate_parallel
 
 from .conftest import tiny_model
@@ -36,7 +36,7 @@ def load_as_smollm2(monkeypatch, model_and_tokenizer) -> list:
         loads.append((dtype, device))
         return model_and_tokenizer
 
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", load)
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", load)
     return loads
 
 
@@ -101,7 +101,7 @@ def test_a_finished_corpus_is_not_answered_again(monkeypatch, capsys, tmp_path):
     load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
     cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "2"])
     done = out.read_text()
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", None)  # not loaded again
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", None)  # not loaded again
     cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "2"])
     assert out.read_text() == done and "3 document(s) already answered" in capsys.readouterr().err
 

@@ -22,8 +22,8 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 from hf_parallel import generate_tokens
-from hf_parallel.projections import MOST_ROWS
-from hf_parallel.support import check_support
+from hf_parallel.engine.probe import check_support
+from hf_parallel.models.projections import MOST_ROWS
 
 from .conftest import _COMMON, ARCHITECTURES, generate_alone, random_tokens, tiny_model
 
@@ -110,7 +110,7 @@ def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
 
         return call
 
-    monkeypatch.setattr("hf_parallel.runner.compiled_call", broken)
+    monkeypatch.setattr("hf_parallel.engine.runner.compiled_call", broken)
     gen = torch.Generator().manual_seed(5)
     prompts = [random_tokens(12, gen) for _ in range(3)]
     with pytest.warns(UserWarning, match="torch.compile of the decode step failed"):
@@ -172,14 +172,16 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
     Python's lock, and waits for it before compiling."""
     code = textwrap.dedent("""
         import sys
-        from hf_parallel import fusion, generate_tokens, support
+        from hf_parallel import generate_tokens
+        from hf_parallel.engine import probe
+        from hf_parallel.models import compiled_parts
         from tests.conftest import tiny_model
-        assert fusion.COMPILER not in sys.modules
-        seen, probe = [], support._probe
-        support._probe = lambda model: seen.append([t.name for t in fusion._importing]) or probe(model)
+        assert compiled_parts.COMPILER not in sys.modules
+        seen, probe_model = [], probe.probe_model
+        probe.probe_model = lambda model: seen.append([t.name for t in compiled_parts.importing]) or probe_model(model)
         got = generate_tokens(tiny_model("llama"), [[5, 6, 7], [5, 6, 8]], max_new_tokens=2, compile="layers")
         assert seen == [["hf_parallel-import"]], seen
-        assert fusion.COMPILER in sys.modules and not fusion._importing[0].is_alive()
+        assert compiled_parts.COMPILER in sys.modules and not compiled_parts.importing[0].is_alive()
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
                           text=True, timeout=300)  # fmt: skip
@@ -200,17 +202,17 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
 ])  # fmt: skip
 def test_a_call_imports_the_compiler_only_where_its_runner_compiles(compile, cuda_graphs, device, eager_only,
                                                                     recurrent, want):  # fmt: skip
-    """`_Call.prepare` starts the compiler's import by the rule the Runner compiles by (`runner.compiles`): not for
+    """`Call.prepare` starts the compiler's import by the rule the Runner compiles by (`runner.compiles`): not for
     a call whose steps run eagerly with compile="auto" (cuda_graphs off, a model over several devices)."""
-    from hf_parallel.options import GenerationOptions
-    from hf_parallel.runner import compiles
+    from hf_parallel.decoding.options import GenerationOptions
+    from hf_parallel.engine.runner import compiles
 
     opts = GenerationOptions.resolve(tiny_model("llama"), compile=compile, cuda_graphs=cuda_graphs)
     assert compiles(opts, torch.device(device), eager_only, recurrent) == want
 
 
 def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():
-    """Only the token count is a dynamic dimension of the compiled parts' graphs (`fusion._token_dims`): calls
+    """Only the token count is a dynamic dimension of the compiled parts' graphs (`compiled_parts.token_dims`): calls
     with other counts reuse them, and a model of the same hidden size with other head counts and head size gets
     graphs of its own (widths static: Inductor's kernels index with constants, 1.5-4x faster on the H200)."""
     torch._dynamo.reset()
@@ -232,19 +234,19 @@ def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():
 
 
 def test_the_token_dims_follow_transformers_layouts():
-    """`fusion._token_dims`: the token count's dim of a norm's input [B, N, ...] and of the rotary function's q and
-    k ([B, H, N, D], or [B, N, H, D] where it unsqueezes cos and sin at 2) and cos and sin [B, N, D]; nothing for
+    """`compiled_parts.token_dims`: the token count's dim of a norm's input [B, N, ...] and of the rotary function's q
+    and k ([B, H, N, D], or [B, N, H, D] where it unsqueezes cos and sin at 2) and cos and sin [B, N, D]; nothing for
     inputs it cannot place."""
-    from hf_parallel.fusion import _token_dims
+    from hf_parallel.models.compiled_parts import token_dims
 
     hidden, heads = torch.zeros(1, 7, 16), torch.zeros(1, 7, 4, 8)
     q, k, cos = torch.zeros(1, 4, 7, 8), torch.zeros(1, 2, 7, 8), torch.zeros(1, 7, 8)
     dims = lambda found: [(t.shape, d) for t, d in found]  # noqa: E731
-    assert dims(_token_dims(False, (hidden,), {})) == [(hidden.shape, 1)]
-    assert dims(_token_dims(False, (heads,), {})) == [(heads.shape, 1)]  # a per-head norm (Qwen3's q_norm)
-    assert dims(_token_dims(True, (q, k, cos, cos), {})) == [(q.shape, 2), (k.shape, 2), (cos.shape, 1), (cos.shape, 1)]
-    assert [d for _, d in _token_dims(True, (heads, heads, cos, cos), {"unsqueeze_dim": 2})] == [1, 1, 1, 1]
-    assert _token_dims(False, (torch.tensor(1.0),), {}) == [] and _token_dims(True, (q, k), {}) == []
+    assert dims(token_dims(False, (hidden,), {})) == [(hidden.shape, 1)]
+    assert dims(token_dims(False, (heads,), {})) == [(heads.shape, 1)]  # a per-head norm (Qwen3's q_norm)
+    assert dims(token_dims(True, (q, k, cos, cos), {})) == [(q.shape, 2), (k.shape, 2), (cos.shape, 1), (cos.shape, 1)]
+    assert [d for _, d in token_dims(True, (heads, heads, cos, cos), {"unsqueeze_dim": 2})] == [1, 1, 1, 1]
+    assert token_dims(False, (torch.tensor(1.0),), {}) == [] and token_dims(True, (q, k), {}) == []
 
 
 def test_a_rotary_function_given_a_hub_kernel_is_left_alone(monkeypatch):
@@ -299,7 +301,7 @@ def test_a_compile_value_not_known_is_refused(llama):
 
 
 def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
-    from hf_parallel import fusion
+    from hf_parallel.models import compiled_parts
 
     def broken(module, *args, **kwargs):
         raise RuntimeError("backend unavailable")
@@ -307,8 +309,8 @@ def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
     parts = check_support(llama).fusable
     classes = {type(llama.get_submodule(p)) for p in parts if not p.startswith("fn:")}
     classes.add(modeling_llama.apply_rotary_pos_emb)  # the rotary function: keyed by itself
-    monkeypatch.setattr(fusion._Fused, "compiled", dict.fromkeys(classes, broken))
-    monkeypatch.setattr(fusion._Fused, "failed", set())
+    monkeypatch.setattr(compiled_parts.CompiledPart, "compiled", dict.fromkeys(classes, broken))
+    monkeypatch.setattr(compiled_parts.CompiledPart, "failed", set())
     gen = torch.Generator().manual_seed(9)
     prompts = [random_tokens(12, gen) for _ in range(3)]
     with pytest.warns(UserWarning, match="torch.compile of .* failed") as record:
@@ -316,7 +318,7 @@ def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
     warned = sorted(str(w.message).split()[2] for w in record)
     assert warned == ["LlamaRMSNorm", "apply_rotary_pos_emb"]  # once each
     assert got == [generate_alone(llama, p, 5, None) for p in prompts]
-    assert fusion._Fused.failed == classes and _own_forwards(llama) == []
+    assert compiled_parts.CompiledPart.failed == classes and _own_forwards(llama) == []
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))

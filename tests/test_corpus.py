@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-import hf_parallel.corpus as corpus
+import hf_parallel.frontends.corpus as corpus
 from hf_parallel import generate_parallel
-from hf_parallel.corpus import CorpusAnswer, answer_corpus, finished_answers, read_corpus, read_json_lines
-from hf_parallel.evaluation.checkpoint import CheckpointError
-from hf_parallel.hf_datasets import answer_dataset
+from hf_parallel.frontends.corpus import CorpusAnswer, answer_corpus, finished_answers, read_corpus, read_json_lines
+from hf_parallel.frontends.datasets import answer_dataset
+from hf_parallel.frontends.jsonlines import CheckpointError
 
 from .conftest import tiny_model
 from .test_quality import char_tokenizer
@@ -76,7 +76,7 @@ def test_answer_corpus_streams_lazily_in_calls_within_the_token_budget(tiny, cal
             read.append(i)
             yield document.lower(), questions
 
-    budget = corpus._prompt_tokens(_prompts(tokenizer, 0)) + corpus._prompt_tokens(_prompts(tokenizer, 1))
+    budget = corpus.prompt_tokens(_prompts(tokenizer, 0)) + corpus.prompt_tokens(_prompts(tokenizer, 1))
     stream = answer_corpus(model, tokenizer, records(), tokens_per_call=budget, max_new_tokens=3)
     first = next(stream)
     assert first.index == 0 and read == [0, 1, 2]  # the third document did not fit: the first call is made
@@ -193,8 +193,8 @@ def test_answer_dataset_refuses_wrong_columns(tiny):
 
 
 def test_the_package_imports_without_datasets():
-    code = ("import sys; sys.modules['datasets'] = None; import hf_parallel, hf_parallel.corpus, "
-            "hf_parallel.hf_datasets, hf_parallel.cli")  # fmt: skip
+    code = ("import sys; sys.modules['datasets'] = None; import hf_parallel, hf_parallel.frontends.corpus, "
+            "hf_parallel.frontends.datasets, hf_parallel.cli")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-import hf_parallel.corpus as corpus
+import hf_parallel.frontends.corpus as corpus
 from hf_parallel import cli
-from hf_parallel.corpus import answer_key, read_json_lines
-from hf_parallel.inputs import eos_token_ids
-from hf_parallel.prompting import render_prompts
-from hf_parallel.sharding import balanced_split, merge_parts, part_files, part_path
+from hf_parallel.decoding.inputs import eos_token_ids
+from hf_parallel.frontends.corpus import answer_key, read_json_lines
+from hf_parallel.frontends.data_parallel import balanced_split, merge_parts, part_files, part_path
+from hf_parallel.frontends.prompting import render_prompts
 
 from .conftest import generate_alone, tiny_model
 from .test_quality import char_tokenizer
@@ -199,7 +199,7 @@ import json, sys
 import datasets
 from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from hf_parallel.hf_datasets import answer_dataset
+from hf_parallel.frontends.datasets import answer_dataset
 
 folder, rows, checkpoint, out, new = sys.argv[1:]
 state = PartialState(cpu=True)  # a CPU-only host: without it each process would think it runs alone
@@ -219,7 +219,7 @@ def _dataset_rows() -> list[dict]:
 
 def test_answer_dataset_on_two_processes_resumes_and_returns_the_whole_dataset(tiny_dir, tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets", reason="the datasets integration needs `pip install datasets`")
-    from hf_parallel.hf_datasets import answer_dataset
+    from hf_parallel.frontends.datasets import answer_dataset
 
     model, tokenizer = _loaded(tiny_dir)
     dataset = datasets.Dataset.from_list(_dataset_rows())

@@ -55,7 +55,7 @@ def test_empty_prompt_and_bad_token_ids(llama):
 def test_bad_token_ids_are_named_by_prompt_where_prompts_share_them(llama, monkeypatch):
     """The ids are checked once each over the prompts' prefix tree (a shared document once); an id outside the
     vocabulary, in a shared part or a prompt's own, is still reported against the first prompt holding it."""
-    from hf_parallel import generation
+    from hf_parallel.engine import generate
 
     doc = [3, 4, 5, 6]
     for prompts, first in [([doc + [7], doc + [VOCAB + 1], doc + [-2]], 1),
@@ -64,7 +64,7 @@ def test_bad_token_ids_are_named_by_prompt_where_prompts_share_them(llama, monke
         with pytest.raises(ValueError, match=f"prompt {first} has token ids outside the vocabulary"):
             generate_tokens(llama, prompts, max_new_tokens=2)
     scans = []
-    monkeypatch.setattr(generation, "check_tokens", lambda *args: scans.append(args))
+    monkeypatch.setattr(generate, "check_tokens", lambda *args: scans.append(args))
     generate_tokens(llama, [doc + [7], doc + [8]], max_new_tokens=2)
     assert scans == []  # valid ids: no prompt scanned whole
 

@@ -185,7 +185,8 @@ def test_every_block_masked_holds_only_inside_its_context():
 def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):
     """round_profile's `refill-gathered` ablation: prompts of one length under the benchmark's forcing processor
     run it on gathered rows (and outside the context on the rows' own scores), with the same tokens."""
-    from hf_parallel import generate_tokens, processing
+    from hf_parallel import generate_tokens
+    from hf_parallel.decoding import logits
 
     round_profile = eval_module("round_profile")
     corpus = eval_module("corpus_bench")
@@ -193,8 +194,8 @@ def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_toke
     model = tiny_model("llama")
     prompts = [DOC + [10 * i + 11, 10 * i + 12, corpus.LENGTH_BASE + n] for i, n in enumerate((2, 5, 3, 6))]
     seen = []
-    group_ids = processing.Processing._group_ids
-    monkeypatch.setattr(processing.Processing, "_group_ids",
+    group_ids = logits.Processing.group_ids
+    monkeypatch.setattr(logits.Processing, "group_ids",
                         lambda self, g, rows: seen.append(rows is None) or group_ids(self, g, rows))  # fmt: skip
 
     def run():
@@ -238,7 +239,8 @@ def test_gemm_check_skinny_gemm_equals_linear():
 def test_index_copy_writes_and_synced_steps_hold_only_inside_their_contexts():
     """bench's `pp_index_copy` and `pp_synced` ablations: the cache writes with `index_copy_`, and the decode loop
     reads each step's live count at once, only while their contexts hold."""
-    from hf_parallel import cache, runner
+    from hf_parallel.engine import runner
+    from hf_parallel.row import cache
 
     kernel, lagged = cache.cache_write, runner.LaggedCount
     with bench.index_copy_writes():
@@ -252,22 +254,22 @@ def test_index_copy_writes_and_synced_steps_hold_only_inside_their_contexts():
 def test_every_dim_dynamic_holds_only_inside_its_context():
     """bench's `pp_every_dim_dynamic`: the layers' parts compiled with every dimension dynamic, into graphs of
     their own (a compiled function cache of its own), only while its context holds."""
-    from hf_parallel import fusion
+    from hf_parallel.models import compiled_parts
 
-    compiled = fusion._Fused.compiled
+    compiled = compiled_parts.CompiledPart.compiled
     with bench.every_dim_dynamic():
-        assert fusion.DYNAMIC is True and fusion._Fused.compiled is not compiled
-    assert fusion.DYNAMIC is None and fusion._Fused.compiled is compiled
+        assert compiled_parts.DYNAMIC is True and compiled_parts.CompiledPart.compiled is not compiled
+    assert compiled_parts.DYNAMIC is None and compiled_parts.CompiledPart.compiled is compiled
 
 
 def test_prefill_apart_gives_a_wide_inputs_members_outputs_of_their_own_only_inside_its_context():
     """bench's `pp_prefill_apart`: a prefill chunk's q, k and v are tensors of their own (the same values), not
     columns of one output, only while its context holds; a narrow input's stay columns either way."""
-    from hf_parallel.projections import MOST_ROWS, _Group
+    from hf_parallel.models.projections import MOST_ROWS, ProjectionGroup
 
     model = tiny_model("qwen2")
     attn = model.model.layers[0].self_attn
-    group = _Group([attn.q_proj, attn.k_proj, attn.v_proj])
+    group = ProjectionGroup([attn.q_proj, attn.k_proj, attn.v_proj])
     wide, narrow = torch.randn(1, MOST_ROWS + 1, model.config.hidden_size), torch.randn(1, 4, model.config.hidden_size)
     with torch.no_grad():
         joined = group.outputs(wide)
@@ -281,7 +283,7 @@ def test_prefill_apart_gives_a_wide_inputs_members_outputs_of_their_own_only_ins
 
 
 def test_prefill_qkv_check_finds_a_wide_inputs_columns_equal_to_their_own_gemms(tmp_path):
-    from hf_parallel.projections import MOST_ROWS
+    from hf_parallel.models.projections import MOST_ROWS
 
     out = tmp_path / "qkv.json"
     eval_module("prefill_qkv_check").main(["--models", "tiny", "--rows", str(MOST_ROWS + 1), "--reps", "1",
@@ -302,7 +304,7 @@ def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
 def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():
     """bench's `pp_prefill_synced`: the host waits for each prefill forward (not a decode step's), only while its
     context holds."""
-    from hf_parallel import runner
+    from hf_parallel.engine import runner
 
     forward, calls = runner.Runner.forward, []
     with mock.patch.object(runner.Runner, "forward", lambda self, *args, **kwargs: "out"):
@@ -318,13 +320,13 @@ def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():
 def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
     """eval/host_phases.py: each phase of a call timed (the input checks before the prefill, the prefill before the
     decode, within the call's wall time), and every wrapped function restored after."""
-    from hf_parallel import generation, runner
+    from hf_parallel.engine import generate, runner
 
     phases = eval_module("host_phases")
-    before = (generation.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"])
+    before = (generate.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"])
     report = phases.main(["--model", "tiny", "--doc", "40", "--questions", "3", "--new-tokens", "1", "4",
                           "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
-    assert (generation.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"]) == before
+    assert (generate.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"]) == before
     assert [r["new_tokens"] for r in report] == [1, 4]
     assert json.loads((tmp_path / "phases.json").read_text()) == report
     for row in report:

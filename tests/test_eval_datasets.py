@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_parallel.evaluation.datasets import QAItem, load_drop, load_quac, load_squad
+from hf_parallel.evaluation.loaders import QAItem, load_drop, load_quac, load_squad
 from hf_parallel.evaluation.metrics import drop_em_f1
 
 DATA = Path(__file__).parents[1].parent / "shared" / "data"

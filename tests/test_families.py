@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_parallel import generate_tokens
-from hf_parallel.recurrent import SegmentedMixer, is_mixer
-from hf_parallel.support import check_support
+from hf_parallel.engine.probe import check_support
+from hf_parallel.models.recurrent import SegmentedMixer, is_mixer
 
 from .conftest import FAMILIES, generate_alone, random_tokens, tiny_model
 

@@ -14,11 +14,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import GenerationConfig, LogitsProcessor, PreTrainedTokenizerFast, StoppingCriteria
 
-from hf_parallel import generate_parallel, generate_tokens, processing, sampling
-from hf_parallel.layout import build_layout
-from hf_parallel.options import GenerationOptions
-from hf_parallel.processing import Processing
-from hf_parallel.support import Support
+from hf_parallel import generate_parallel, generate_tokens
+from hf_parallel.decoding import logits, sampling
+from hf_parallel.decoding.logits import Processing
+from hf_parallel.decoding.options import GenerationOptions
+from hf_parallel.engine.patching import Support
+from hf_parallel.row.layout import build_layout
 
 from .conftest import VOCAB, random_tokens, tiny_model
 
@@ -157,8 +158,8 @@ def test_padded_ways_equal_per_group_calls(monkeypatch):
     options = dict(do_sample=False, max_new_tokens=NEW, eos_token_id=[], repetition_penalty=1.5, min_new_tokens=3,
                    no_repeat_ngram_size=2, sequence_bias=[[[5, 6], -3.0]], bad_words_ids=[[7, 8]])  # fmt: skip
     fast = generate_tokens(model, prompts, **options)
-    monkeypatch.setattr(processing, "WAYS", {})
-    monkeypatch.setattr(processing, "LENGTH_LIMIT", {})
+    monkeypatch.setattr(logits, "WAYS", {})
+    monkeypatch.setattr(logits, "LENGTH_LIMIT", {})
     assert generate_tokens(model, prompts, **options) == fast
 
 

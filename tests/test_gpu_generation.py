@@ -112,7 +112,7 @@ def test_compiled_graphs_match_generate(cuda_model, attn):
 def test_the_budget_counts_the_allocators_cached_blocks_as_free():
     """A finished call's blocks stay reserved in PyTorch's caching allocator: the next call's budget counts them
     as free (else a call after a large one would see a fraction of the GPU and split its work into many rows)."""
-    from hf_parallel.budget import free_memory
+    from hf_parallel.engine.budget import free_memory
 
     device = torch.device("cuda")
     torch.cuda.empty_cache()
@@ -153,11 +153,10 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
 
     import triton
 
-    from hf_parallel import builds
     from hf_parallel.attention import triton as path
-    from hf_parallel.support import check_support
-    from hf_parallel.triton_kernels import cache_write
-    from hf_parallel.triton_kernels import stream_attention as kernels
+    from hf_parallel.engine.probe import check_support
+    from hf_parallel.kernels import cache_write, prebuild
+    from hf_parallel.kernels import stream_attention as kernels
 
     if check_support(cuda_model).recurrent:
         pytest.skip("recurrent layers decode eagerly: no captured step to build for")
@@ -165,7 +164,7 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
         pytest.skip("this Triton has no post-compile hook to see builds by")
     ours = (kernels.stream_attention_fwd, kernels.combine_splits, cache_write.write_slots)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(builds, "_STARTED", set())
+    monkeypatch.setattr(prebuild, "STARTED", set())
     for kernel in ours:
         monkeypatch.setattr(kernel, "device_caches", collections.defaultdict(kernel.create_binder))
     built = []  # (kernel, thread, at a launch)
@@ -188,7 +187,7 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
 def test_the_live_count_is_read_one_step_late():
     """`LaggedCount`: the first call gives `first`, each later one the previous call's count (the current one's
     kernels may still be queued)."""
-    from hf_parallel.runner import LaggedCount
+    from hf_parallel.engine.runner import LaggedCount
 
     count = LaggedCount(torch.device("cuda"))
     flags = [torch.tensor(f, device="cuda") for f in ([1, 1, 1], [1, 0, 1], [0, 0, 1], [0, 0, 0])]
@@ -202,8 +201,9 @@ def test_the_prefill_launches_every_chunk_without_waiting_for_the_gpu(arch):
     one), so the host launches each chunk while the GPU runs the one before; its logits are the one-chunk prefill's."""
     from hf_parallel import GenerationOptions
     from hf_parallel.attention import resolve_backend
-    from hf_parallel.layout import build_layout
-    from hf_parallel.runner import Runner
+    from hf_parallel.engine.probe import check_support
+    from hf_parallel.engine.runner import Runner
+    from hf_parallel.row.layout import build_layout
 
     model = tiny_model(arch).cuda()
     prompts = _prompts(4, 6, doc_len=60)
@@ -211,7 +211,8 @@ def test_the_prefill_launches_every_chunk_without_waiting_for_the_gpu(arch):
     logits = {}
     for size in (16, 4096):
         opts = GenerationOptions.resolve(model, max_new_tokens=2, eos_token_id=[], prefill_chunk=size)
-        runner = Runner(model, build_layout(prompts, 2), opts, resolve_backend("triton", model.device))
+        backend = resolve_backend("triton", model.device)
+        runner = Runner(model, build_layout(prompts, 2), opts, backend, check_support(model))
         with runner.using_model(), torch.inference_mode():
             chunks = runner.prefill_chunks()
             torch.cuda.set_sync_debug_mode("error")

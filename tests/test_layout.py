@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from hf_parallel.attention.reference import stream_mask
-from hf_parallel.layout import build_layout
-from hf_parallel.plan import AttentionPlan, SlotIds
+from hf_parallel.row.layout import build_layout
+from hf_parallel.row.plan import AttentionPlan, SlotIds
 
 
 def random_tree_prompts(rng: random.Random) -> list[list[int]]:

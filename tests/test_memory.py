@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel import generation
-from hf_parallel.support import Support
+from hf_parallel import generate_tokens
+from hf_parallel.engine.patching import Support
 
 from .conftest import random_tokens
 
@@ -21,7 +21,7 @@ def test_cache_holds_one_copy_of_the_document(llama, n_questions, monkeypatch):
     caches = []
     build = Support.cache
     monkeypatch.setattr(Support, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
-    generation.generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])
+    generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])
     cache = caches[-1]  # the call's (a first call on a model also builds one for its probe forward)
     assert cache.num_slots == len(doc) + n_questions * (question_len + new)
     layer = cache.layers[0]

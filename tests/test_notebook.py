@@ -72,7 +72,7 @@ def test_a_raising_cell_fails_the_run():
 
 @pytest.mark.slow
 def test_quickstart_notebook_runs(smollm2, monkeypatch, capsys):
-    monkeypatch.setattr("hf_parallel.models.load_smollm2", lambda *a, **k: smollm2)
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", lambda *a, **k: smollm2)
     namespace: dict = {}
     run_cells([(name, source) for name, source, tags in code_cells() if INSTALL_TAG not in tags], namespace)
     assert namespace["answers"] == namespace["alone"]  # the notebook's own claim, checked again here

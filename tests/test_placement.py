@@ -10,9 +10,9 @@ import transformers
 
 from hf_parallel import AttentionBackend, generate_tokens
 from hf_parallel.attention.reference import ReferenceBackend
-from hf_parallel.layout import build_layout
-from hf_parallel.placement import eager_only, execution_devices, loop_device
-from hf_parallel.plan import AttentionPlan, Row, SlotIds
+from hf_parallel.models.placement import eager_only, execution_devices, loop_device
+from hf_parallel.row.layout import build_layout
+from hf_parallel.row.plan import AttentionPlan, Row, SlotIds
 
 from .conftest import random_tokens, tiny_model
 
@@ -147,7 +147,7 @@ def no_probe(monkeypatch):
     def probe(model):
         raise AssertionError("the probe ran")
 
-    monkeypatch.setattr("hf_parallel.support._probe", probe)
+    monkeypatch.setattr("hf_parallel.engine.probe.probe_model", probe)
 
 
 def test_meta_parameters_no_hook_loads_are_refused(no_probe):

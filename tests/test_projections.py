@@ -12,7 +12,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from hf_parallel import generate_tokens
-from hf_parallel.projections import MOST_ROWS, grouped, sibling_groups
+from hf_parallel.models.projections import MOST_ROWS, grouped, sibling_groups
 
 from .conftest import generate_alone, random_tokens, tiny_model
 

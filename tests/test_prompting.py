@@ -7,8 +7,8 @@ from unittest import mock
 
 import pytest
 
-from hf_parallel.judging import YesNoQuestion, render_judgments
-from hf_parallel.prompting import TOKENIZE_BATCH, render_prompt, render_prompts
+from hf_parallel.frontends.judging import YesNoQuestion, render_judgments
+from hf_parallel.frontends.prompting import TOKENIZE_BATCH, render_prompt, render_prompts
 
 DOCUMENT = "The committee met on Tuesday.  It chose a new chair, Ms. Ito, and closed at noon.\n\n" * 20
 QUESTIONS = ["Who chairs it?", "When did it close?", " Leading space?", "Ünïcode — and “quotes”?", "x"]
@@ -51,7 +51,7 @@ def test_render_judgments_gives_each_judgment_the_ids_of_its_own_call(tokenizers
 
 
 def _judgment_texts(questions) -> list[str]:
-    from hf_parallel.judging import TEMPLATE
+    from hf_parallel.frontends.judging import TEMPLATE
 
     return [TEMPLATE.format(context=DOCUMENT, question=q.prompt, judgment=text) for q in questions
             for _, text in q.judgments()]  # fmt: skip

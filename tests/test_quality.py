@@ -14,7 +14,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import PreTrainedTokenizerFast
 
 from hf_parallel.evaluation.config import QualityConfig, add_arguments
-from hf_parallel.evaluation.datasets import load_quac
+from hf_parallel.evaluation.loaders import load_quac
 from hf_parallel.evaluation.methods import StopAtString
 from hf_parallel.evaluation.metrics import squad_f1
 from hf_parallel.evaluation.prompts import postprocess, question_prompts
@@ -281,8 +281,8 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, resamples=50,
                            checkpoint=str(tmp_path / "run.jsonl"))  # fmt: skip
     whole = run(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
-    calls, real = [], methods._generate_rows
-    monkeypatch.setattr(methods, "_generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], methods.generate_rows
+    monkeypatch.setattr(methods, "generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     real_tokens = methods.generate_tokens
 
     def interrupted(*args, **kwargs):  # the parallel method's second call never finishes

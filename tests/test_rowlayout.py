@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_parallel.attention.reference import stream_mask
-from hf_parallel.plan import AttentionPlan, SlotIds
-from hf_parallel.rowlayout import Forest
+from hf_parallel.row.forest import Forest
+from hf_parallel.row.plan import AttentionPlan, SlotIds
 
 from .test_layout import random_tree_prompts
 

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
-from hf_parallel.budget import parse_memory, row_budget
-from hf_parallel.layout import build_layout
-from hf_parallel.support import Support, check_support
+from hf_parallel.decoding.options import parse_memory
+from hf_parallel.engine.budget import row_budget
+from hf_parallel.engine.patching import Support
+from hf_parallel.engine.probe import check_support
+from hf_parallel.row.layout import build_layout
 
 from .conftest import generate_alone, random_tokens, tiny_model
 

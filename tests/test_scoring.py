@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel.judging import ChoiceQuestion, ScoreQuestion, YesNoQuestion, judge
-from hf_parallel.scoring import score_continuations, score_tree
+from hf_parallel.frontends.judging import ChoiceQuestion, ScoreQuestion, YesNoQuestion, judge
+from hf_parallel.frontends.scoring import score_continuations, score_tree
 
 from .conftest import random_tokens, tiny_model
 

@@ -24,15 +24,17 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from hf_parallel import GenerationOptions, builds, generate_tokens  # noqa: E402
+from hf_parallel import GenerationOptions, generate_tokens  # noqa: E402
 from hf_parallel.attention import tiles as tile_plans  # noqa: E402
 from hf_parallel.attention import triton as launcher  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
 from hf_parallel.attention.triton import TritonBackend  # noqa: E402
-from hf_parallel.layout import build_layout  # noqa: E402
-from hf_parallel.plan import AttentionPlan, Row, SlotIds  # noqa: E402
-from hf_parallel.runner import Runner  # noqa: E402
-from hf_parallel.triton_kernels import stream_attention as kernels  # noqa: E402
+from hf_parallel.engine.probe import check_support  # noqa: E402
+from hf_parallel.engine.runner import Runner  # noqa: E402
+from hf_parallel.kernels import prebuild  # noqa: E402
+from hf_parallel.kernels import stream_attention as kernels  # noqa: E402
+from hf_parallel.row.layout import build_layout  # noqa: E402
+from hf_parallel.row.plan import AttentionPlan, Row, SlotIds  # noqa: E402
 
 from .conftest import generate_alone, random_tokens, tiny_model  # noqa: E402
 from .test_layout import random_tree_prompts  # noqa: E402
@@ -371,7 +373,7 @@ def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_til
 
 def _row_layouts(rng: random.Random):
     """Stream-major layouts of random prefix trees, built at once and as rows whose prompts came and went."""
-    from hf_parallel.rowlayout import Forest
+    from hf_parallel.row.forest import Forest
 
     yield build_layout(random_tree_prompts(rng), max_new_tokens=rng.randint(1, 5))
     prompts = random_tree_prompts(rng) + random_tree_prompts(rng)
@@ -391,7 +393,7 @@ def test_refilled_rows_match_the_reference(seed):
     """Rows whose prompts came and went place a question before its document's slots, or a document in several
     free regions: the kernel sees ancestors wherever they lie, for prefill chunks, decode steps and mixed
     forwards (keys up to the row's extent)."""
-    from hf_parallel.rowlayout import Forest
+    from hf_parallel.row.forest import Forest
 
     rng = random.Random(seed)
     forest, doc = Forest(capacity=4 * DOC), random_tokens(DOC + 3, torch.Generator().manual_seed(seed))
@@ -463,7 +465,7 @@ def test_own_split_generates_as_model_generate():
     prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]
     opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
                                      attn=TritonBackend(own_tiles="serial"))  # fmt: skip
-    got = Runner(model, build_layout(prompts, 6), opts, opts.attn).run()
+    got = Runner(model, build_layout(prompts, 6), opts, opts.attn, check_support(model)).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]
 
 
@@ -512,7 +514,7 @@ def test_array_planner_gives_the_per_tile_planners_plan(seed, monkeypatch):
             runs = tile_plans.causal_runs(layout, q_slot, min_len=rng.randint(2, 6))
             got = tile_plans.build_tile_plan(layout, q_slot, group, block_m, skip=runs)
             with monkeypatch.context() as patch:
-                patch.setattr(tile_plans, "_segment_table", lambda layout: None)
+                patch.setattr(tile_plans, "segment_table", lambda layout: None)
                 want = tile_plans.build_tile_plan(layout, q_slot, group, block_m, skip=runs)
             assert (got.block_m, got.group, got.max_tile_ranges) == (want.block_m, want.group, want.max_tile_ranges)
             for name in ("tile_query", "range_ptr", "ranges", "limits"):
@@ -553,16 +555,16 @@ def test_an_interpreter_that_cannot_run_the_kernel_is_named(monkeypatch):
     q, k, v = random_qkv(plan, 4, 2, 16, torch.float32, 0)
     monkeypatch.setattr(launcher.triton, "__version__", "3.6.0")
     monkeypatch.setattr(launcher.np, "__version__", "2.4.0")
-    launcher._interpreter_problem.cache_clear()
+    launcher.interpreter_problem.cache_clear()
     try:
         with pytest.raises(RuntimeError, match=r"Triton 3\.6\.0's interpreter .* NumPy 2\.4\.0 .* triton>=3\.7"):
             launcher.stream_attention(q, k, v, plan, tiles)
-        with builds.collecting() as launches:
+        with prebuild.collecting() as launches:
             launcher.stream_attention(q, k, v, plan, tiles)
         assert len(launches) == 1
     finally:
         monkeypatch.undo()
-        launcher._interpreter_problem.cache_clear()
+        launcher.interpreter_problem.cache_clear()
     launcher.stream_attention(q, k, v, plan, tiles)  # the installed versions
 
 
@@ -695,7 +697,7 @@ def test_long_documents_generate_as_model_generate():
                                      prefill_chunk=RUN + 100)  # fmt: skip
     layout = build_layout(prompts, 5)
     assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100])  # the SDPA path does run
-    got = Runner(model, layout, opts, TritonBackend()).run()
+    got = Runner(model, layout, opts, TritonBackend(), check_support(model)).run()
     assert got == [generate_alone(model, p, 5) for p in prompts]
 
 
@@ -723,5 +725,5 @@ def test_generate_matches_model_generate(arch, options):
                                      attn=TritonBackend(options.get("streams_per_tile"),
                                                         own_tiles=options.get("own_tiles", "auto")))  # fmt: skip
     layout = build_layout(prompts, 6, interleaved=options.get("interleaved", False))
-    got = Runner(model, layout, opts, opts.attn).run()
+    got = Runner(model, layout, opts, opts.attn, check_support(model)).run()
     assert got == [generate_alone(model, p, 6) for p in prompts]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan import AttentionPlan, Row
+from ..row.plan import AttentionPlan, Row
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..plan import AttentionPlan, Row
+from ..row.plan import AttentionPlan, Row
 from .backend import AttentionBackend
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import triton
 
-from ..layout import Layout
+from ..row.layout import Layout
 
 MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
 MIN_DOT_ROWS = 16  # tl.dot's fewest rows
@@ -152,7 +152,7 @@ def build_tile_plan(
     planned = np.ones(len(q_slot), dtype=bool)
     for run in skip:
         planned[run.first : run.stop] = False
-    table = _segment_table(layout)
+    table = segment_table(layout)
     if part != "all" and table is None:
         raise ValueError("a plan of shared or own segments needs every segment a slot range (stream-major layout)")
     if (streams_per_tile is None or part != "all") and table is not None:  # segments are slot ranges: whole arrays
@@ -171,7 +171,7 @@ def build_tile_plan(
 
 
 @dataclass(frozen=True)
-class _SegmentTable:
+class SegmentTable:
     """A layout's segments as arrays: chains[s] = s, its parent, ... (-1 padded), and each one's slots."""
 
     chains: np.ndarray  # [num_segments, depth]
@@ -180,8 +180,8 @@ class _SegmentTable:
     parent: np.ndarray  # [num_segments]
 
 
-def _segment_table(layout: Layout) -> _SegmentTable | None:
-    """The layout's `_SegmentTable` (kept on it), or None where a segment is strided (interleaved answers) or
+def segment_table(layout: Layout) -> SegmentTable | None:
+    """The layout's `SegmentTable` (kept on it), or None where a segment is strided (interleaved answers) or
     empty, which the per-tile planner handles."""
     got = layout.chains.get("table", False)
     if got is False:
@@ -195,12 +195,12 @@ def _segment_table(layout: Layout) -> _SegmentTable | None:
             while (chains[-1] >= 0).any():
                 up = chains[-1]
                 chains.append(np.where(up >= 0, parent[np.maximum(up, 0)], -1))
-            got = _SegmentTable(np.stack(chains[:-1], axis=1), start, stop, parent)
+            got = SegmentTable(np.stack(chains[:-1], axis=1), start, stop, parent)
         layout.chains["table"] = got
     return got
 
 
-def _plan_arrays(table: _SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
+def _plan_arrays(table: SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
                  block_m: int, group: int, part: str = "all") -> TilePlan:  # fmt: skip
     """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
     queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped

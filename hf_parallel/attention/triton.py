@@ -23,12 +23,12 @@ import triton
 from packaging.version import Version
 from torch.nn.attention.bias import causal_lower_right
 
-from .. import builds
-from ..plan import AttentionPlan, Row, SlotIds
-from ..triton_kernels import stream_attention as kernels
+from ..kernels import prebuild
+from ..kernels import stream_attention as kernels
+from ..row.plan import AttentionPlan, Row, SlotIds
 from .backend import AttentionBackend, AttentionCall
 from .reference import check_attention_call, plan_on
-from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, _segment_table, build_tile_plan, causal_runs
+from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, build_tile_plan, causal_runs, segment_table
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -148,21 +148,21 @@ class TritonBackend(AttentionBackend):
 
     def prebuild(self, plan: TritonPlan, calls: list[AttentionCall]) -> list[Future]:
         """Each kernel the forward over `plan` launches that this process has not built, built on a thread of its
-        own (`builds.start`).  The launches are collected by running the forward's attention once per call on
+        own (`prebuild.start`).  The launches are collected by running the forward's attention once per call on
         stand-in tensors of the launches' dtypes, strides' alignment and sizes (the keys a single slot wide,
         broadcast over the plan's kv_len), which is all that picks a build; a prefill's causal runs are SDPA's,
         not collected."""
         device = plan.q_slot.device
         if device.type != "cuda":
             return []
-        with builds.collecting() as launches:
+        with prebuild.collecting() as launches:
             for call in calls:
                 query = torch.empty(1, plan.q_slot.numel(), call.heads, call.head_dim, dtype=call.dtype,
                                     device=device).transpose(1, 2)  # fmt: skip
                 kv = query.new_empty(1, call.kv_heads, 1, call.head_dim).expand(-1, -1, plan.kv_len, -1)
                 sinks = query.new_zeros(call.heads, dtype=torch.float32) if call.sinks else None
                 self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False, runs=False)
-        return builds.start(device, launches)
+        return prebuild.start(device, launches)
 
     def static_plan(self, row: Row, bucket: int) -> TritonStaticPlan:
         return TritonStaticPlan(self, row, bucket)
@@ -170,7 +170,7 @@ class TritonBackend(AttentionBackend):
     def splits(self, row: Row) -> bool:
         """Whether decode forwards over `row` run the shared and own plans (`own_tiles`; stream-major rows only,
         every segment a slot range)."""
-        if self.own_tiles is None or _segment_table(row.layout) is None:
+        if self.own_tiles is None or segment_table(row.layout) is None:
             return False
         return self.own_tiles != "auto" or (row.layout.max_new_tokens >= OWN_TILES_MIN_ANSWER and row.group <= 2)
 
@@ -325,7 +325,7 @@ def stream_attention(
             torch.cuda.current_stream(query.device).wait_stream(side)
         if splits > 1:  # only with tiles (`default_config`)
             block_d = max(16, triton.next_power_of_2(dim))
-            builds.run_kernel(
+            prebuild.run_kernel(
                 kernels.combine_splits, (triton.cdiv(n * heads, 16),),
                 part_o, part_lse, out, n * heads, heads, splits, out.stride(1), out.stride(2),
                 HEAD_DIM=dim, BLOCK_D=block_d, BLOCK_R=16,
@@ -373,7 +373,7 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
     _, heads, n, dim = query.shape
     ids = plan.ids
     interpreted = query.device.type != "cuda"  # TRITON_INTERPRET=1 (checked by _check_inputs)
-    builds.run_kernel(
+    prebuild.run_kernel(
         kernels.stream_attention_fwd, (tiles.num_tiles, key.shape[1], cfg.num_splits),
         query, key, value, out, part_o, part_lse, sinks if sinks is not None else part_lse,
         plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end, ids.seg_stop,
@@ -419,12 +419,12 @@ def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> No
     if query.device.type != "cuda":
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError("Triton attention runs on CUDA (or on the CPU under TRITON_INTERPRET=1)")
-        if not builds.recording() and (problem := _interpreter_problem()):  # a recorded launch is only built
+        if not prebuild.recording() and (problem := interpreter_problem()):  # a recorded launch is only built
             raise RuntimeError(problem)
 
 
 @functools.cache
-def _interpreter_problem() -> str | None:
+def interpreter_problem() -> str | None:
     """Why the installed Triton's interpreter cannot run the kernel, or None.  NumPy 2.4 no longer converts a
     one-element array to an integer, which Triton's interpreter before 3.7 does for every loop bound that is a
     tensor (triton-lang/triton#9171): the kernel would fail deep inside it."""

@@ -6,7 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sources import DATASETS
+from .loaders import DATASETS
 
 METHODS = ("standard", "parallel", "batch")
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"

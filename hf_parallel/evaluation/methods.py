@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ..generation import generate_tokens
+from ..engine.generate import generate_tokens
 from .checkpoint import Checkpoint
 from .config import QualityConfig
 
@@ -46,7 +46,7 @@ def standard_calls(model, tokenizer, prompts, config: QualityConfig, eos, pad) -
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
 
     def call(rows):
-        return _decode(tokenizer, _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad))
+        return _decode(tokenizer, generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad))
 
     return [GenerateCall(rows, len(rows), lambda rows=rows: call(rows))
             for rows in _slices(order, config.standard_batch_size)]  # fmt: skip
@@ -83,7 +83,7 @@ def batch_calls(model, tokenizer, documents, prompts, config: QualityConfig, eos
         counts = [len(documents[i].items) for i in rows]
         width = max(len(prompts[i]) for i in rows)
         stop = StopAtString(tokenizer, [f"A{n + 1}:" for n in counts], width)
-        new = _generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens * max(counts), eos, pad, stop)
+        new = generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens * max(counts), eos, pad, stop)
         return [tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
                 for n, tokens in zip(counts, new)]  # fmt: skip
 
@@ -113,7 +113,7 @@ def execute(method: str, calls: list[GenerateCall], size: int, model, bar, check
     return outputs, seconds, resumed
 
 
-def _generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int,
+def generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int,
                    stop=None) -> list[list[int]]:  # fmt: skip
     """Plain greedy `model.generate` over left-padded independent prompts; new tokens before EOS.
 

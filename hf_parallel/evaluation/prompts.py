@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from ..prompting import render_prompt, render_prompts
+from ..frontends.prompting import render_prompt, render_prompts
 from .batch_prompting import build_batch_prompt
-from .datasets import QADocument, QAItem
+from .loaders import QADocument, QAItem
 from .metrics import CANNOTANSWER
 
 ABSTAIN = "I cannot answer"  # QuAC: what the model is asked to say when the text does not tell

@@ -27,15 +27,14 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from ..inputs import eos_token_ids
+from ..decoding.inputs import eos_token_ids
 from .batch_prompting import parse_batch_answers
 from .checkpoint import Checkpoint, CheckpointError, checkpoint_header
 from .config import OFFLINE_DATA, SHARED_DATA, QualityConfig, add_arguments
-from .datasets import QADocument
+from .loaders import FORMATS, DatasetFileError, QADocument, load_documents
 from .methods import batch_calls, execute, parallel_calls, standard_calls
 from .prompts import batch_prompt, postprocess, question_prompts
 from .report import merge_reports, read_report, score, summarize, table
-from .sources import FORMATS, DatasetFileError, load_documents
 
 
 def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfig, model_name: str = "") -> dict:
@@ -98,7 +97,7 @@ def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
     documents = _load_documents(config)
     name = type(model).__name__ if model is not None else "SmolLM2-135M-Instruct"
     if model is None:
-        from ..models import load_smollm2
+        from ..frontends.default_model import load_smollm2
 
         model, tokenizer = load_smollm2(getattr(torch, config.dtype), config.device)
     report = evaluate(model, tokenizer, documents, config, name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import METHODS, QualityConfig
-from .datasets import QAItem
+from .loaders import QAItem
 from .metrics import HUMAN_F1_MIN, drop_em_f1, quac_f1, quac_human_f1, quac_scores, squad_exact_match, squad_f1
 
 _REPORT_KEYS = ("dataset", "model", "config", "summary", "questions")  # what merge_reports reads

@@ -1,0 +1,255 @@
+"""Generation options: one dataclass; `model.generate`'s options (but beam search) plus hf_parallel's own."""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import re
+from dataclasses import dataclass, field, replace
+
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.stopping_criteria import StopStringCriteria
+
+from ..attention import BACKENDS, AttentionBackend
+from .generate_request import GenerateRequest
+
+DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
+OWN = ("seed", "attn", "prefill_chunk", "cuda_graphs", "compile", "tokenizer", "max_memory", "refill", "progress")
+GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
+CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
+# options that choose a decoding method other than greedy decoding or sampling: name -> the value that does not
+OTHER_METHODS = {
+    "num_beams": 1, "num_beam_groups": 1, "constraints": None, "force_words_ids": None, "guidance_scale": 1,
+    "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": False,
+    "token_healing": False, "penalty_alpha": 0,
+}  # fmt: skip
+REFUSED_ARGUMENTS = ("assistant_model", "assistant_tokenizer", "negative_prompt_ids", "negative_prompt_attention_mask",
+                     "streamer", "synced_gpus", "custom_generate", "trust_remote_code")  # fmt: skip
+OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+@dataclass
+class GenerationOptions:
+    """What `generate_tokens` honours.  Generate's options default as in `model.generate`.
+
+    request:           generate's options as given (GenerationConfig names, generation_config=,
+                       logits_processor=, stopping_criteria=, prefix_allowed_tokens_fn=); each prompt's
+                       processors and criteria are what generate builds from them for that prompt alone.
+    generation_config: the merged config generate decodes with (kwargs > generation_config= > the model's);
+                       set by `resolve`.
+    max_new_tokens:    new tokens per stream (256 when no length is set anywhere); None when `max_length`
+                       bounds prompt plus answer instead (per prompt, as in generate).
+    tokenizer:         needed for stop_strings (`generate_parallel` passes its own).
+    seed:              sampling draws from a generator seeded with it; None = torch's global generator.
+    attn:              attention path: "reference" (dense stream mask + SDPA, the specification),
+                       "triton" (in-kernel stream mask, CUDA), "auto" (triton on CUDA, else reference),
+                       or an `AttentionBackend` object.
+    prefill_chunk:     most prompt tokens per forward; None = the attention path's own (the dense
+                       mask's memory bounds the reference's; the Triton path builds no mask).
+    cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
+    compile:           "auto" (default): where decode steps are captured (CUDA), the decoder layers' norms
+                       and rotary embedding through `torch.compile`, one graph per norm class and one for
+                       the rotary function, reused by every layer (a few seconds, once per process);
+                       elsewhere nothing compiled.
+                       "layers": the same on any device.  True: the whole model's decode step compiled
+                       (the attention kernel an opaque op; a call compiles at most three graphs, tens of
+                       seconds for a 7B model in a fresh process).  False: nothing compiled.
+    max_memory:        the memory the call's row may take (bytes or a string such as "40GiB"); None = what
+                       the device has free.  Work that does not fit is admitted as room frees up.
+    refill:            admit waiting prompts into the room finished streams free while the others decode
+                       (continuous refill); False = only into an empty row (static waves).
+    progress:          a progress bar over finished prompts; None = on when stderr is a terminal.
+    """
+
+    request: GenerateRequest = field(default_factory=GenerateRequest)
+    generation_config: GenerationConfig | None = None
+    max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
+    tokenizer: object = None
+    seed: int | None = None
+    attn: str | AttentionBackend = "auto"
+    prefill_chunk: int | None = None
+    cuda_graphs: bool = True
+    compile: bool | str = "auto"
+    max_memory: int | str | None = None
+    refill: bool = True
+    progress: bool | None = None
+
+    def __post_init__(self):
+        if self.compile is None:  # unset, as generate's None: the default
+            self.compile = "auto"
+        _check_types(self)
+        _refuse_other_methods(self.request)
+        requested = self.request.kwargs.get("max_new_tokens", self.max_new_tokens)
+        if requested is not None and requested < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {requested}")
+        if isinstance(self.attn, str) and self.attn != "auto" and self.attn not in BACKENDS:
+            raise ValueError(f"unknown attention path {self.attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
+                             "or pass an AttentionBackend")  # fmt: skip
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+    @classmethod
+    def resolve(cls, model: PreTrainedModel, **user) -> GenerationOptions:
+        """`user`'s options over `model`'s generation config, merged and validated by generate itself."""
+        opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
+        _default_length(model, opts.request)
+        opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
+        config = opts.request.config(model)
+        mode = config.get_generation_mode()
+        if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+            raise NotImplementedError(f"{mode.value} is not supported by parallel generation (only greedy "
+                                      f"decoding and sampling); the merged config sets {_methods(config)}")  # fmt: skip
+        return replace(opts, generation_config=config, max_new_tokens=config.max_new_tokens)
+
+    @property
+    def do_sample(self) -> bool:
+        return bool(self.generation_config is not None and self.generation_config.do_sample)
+
+    @property
+    def num_return_sequences(self) -> int:
+        return (self.generation_config.num_return_sequences or 1) if self.generation_config is not None else 1
+
+    def prefill_chunk_for(self, backend: AttentionBackend) -> int:
+        """Prompt tokens per prefill forward on `backend`."""
+        return self.prefill_chunk or backend.prefill_chunk
+
+
+def _request(user: dict) -> GenerateRequest:
+    """generate's options out of `user`, checking every name first (generate would misreport unknown ones)."""
+    known = set(OWN) | set(GENERATE_ARGUMENTS) | CONFIG_FIELDS
+    refused = [k for k in REFUSED_ARGUMENTS if k in user] + [k for k in OUTPUTS if user.get(k)]
+    if refused:
+        raise NotImplementedError(f"{refused[0]} is not supported by parallel generation")
+    unknown = sorted(k for k in user if k not in known)
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        raise TypeError(f"unknown generation option{'s' if len(unknown) > 1 else ''} {names}; options are "
+                        f"GenerationConfig fields, {', '.join(GENERATE_ARGUMENTS + OWN)}")  # fmt: skip
+    kwargs = {k: v for k, v in user.items() if k in CONFIG_FIELDS}
+    if "eos_token_id" in kwargs:
+        kwargs["eos_token_id"] = _as_eos(kwargs["eos_token_id"])
+    args = {k: user[k] for k in GENERATE_ARGUMENTS if user.get(k) is not None}
+    for name in ("logits_processor", "stopping_criteria"):
+        if name in args:
+            args[name] = list(args[name])
+    return GenerateRequest(kwargs=kwargs, **args)
+
+
+def _refuse_other_methods(request: GenerateRequest) -> None:
+    sources = [request.kwargs] + ([vars(request.generation_config)] if request.generation_config else [])
+    for source in sources:
+        for name, neutral in OTHER_METHODS.items():
+            if source.get(name) not in (None, neutral):
+                raise NotImplementedError(f"{name}={source[name]!r} is not supported by parallel generation (beam "
+                                          "search, contrastive, assisted and guided decoding are not)")  # fmt: skip
+
+
+def _methods(config: GenerationConfig) -> str:
+    names = [k for k, neutral in OTHER_METHODS.items() if getattr(config, k, None) not in (None, neutral)]
+    return ", ".join(f"{k}={getattr(config, k)!r}" for k in names) or "nothing else"
+
+
+def _default_length(model: PreTrainedModel, request: GenerateRequest) -> None:
+    """DEFAULT_MAX_NEW_TOKENS where no length is set anywhere (where generate would give 20 new tokens)."""
+    configs = [request.generation_config, getattr(model, "generation_config", None)]
+    sources = [request.kwargs] + [vars(c) for c in configs if c is not None]
+    if any(s.get(k) is not None for s in sources for k in ("max_new_tokens", "max_length")):
+        return
+    if request.generation_config is None:
+        request.kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
+    else:  # on a copy of the user's config: a kwarg beside it would draw generate's deprecation warning
+        request.generation_config = copy.deepcopy(request.generation_config)
+        request.generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+
+
+def _stop_strings(model: PreTrainedModel, request: GenerateRequest):
+    """stop_strings as generate merges them: kwargs > generation_config= > the model's."""
+    if "stop_strings" in request.kwargs:
+        return request.kwargs["stop_strings"]
+    for config in (request.generation_config, getattr(model, "generation_config", None)):
+        if config is not None and getattr(config, "stop_strings", None) is not None:
+            return config.stop_strings
+    return None
+
+
+def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer):
+    """The StopStringCriteria generate would build (once per call: it tokenizes the whole vocabulary)."""
+    stop_strings = _stop_strings(model, request)
+    if stop_strings is None:
+        return None
+    request.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (see capture.py)
+    if any(type(c) is StopStringCriteria for c in request.stopping_criteria):
+        return None  # generate keeps the user's own in place of its default
+    if tokenizer is None:
+        raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate_tokens "
+                         "(generate_parallel passes its own)")  # fmt: skip
+    return StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
+
+
+MEMORY_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
+         "TIB": 2**40}  # fmt: skip
+
+
+def parse_memory(value) -> int:
+    """Bytes from an int or a string such as "40GiB" or "500 MB"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"max_memory must be positive, got {value}")
+        return value
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
+        if match:
+            return int(float(match.group(1)) * MEMORY_UNITS[(match.group(2) or "").upper()])
+        raise ValueError(f"max_memory {value!r} is not a size such as '40GiB' or '500MB'")
+    raise TypeError(f"max_memory must be a number of bytes or a string such as '40GiB', got {type(value).__name__}")
+
+
+_INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "no_repeat_ngram_size",
+         "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
+_FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
+_BOOLS = ("do_sample", "cuda_graphs", "refill", "progress")
+
+
+def _check_types(opts: GenerationOptions) -> None:
+    """A TypeError naming the option for a value of the wrong type (None is generate's "unset")."""
+    values = {**opts.request.kwargs, **{name: getattr(opts, name) for name in OWN if name != "tokenizer"}}
+    for name, value in values.items():
+        if value is None or name not in _INTS + _FLOATS + _BOOLS:
+            continue
+        if name in _BOOLS:
+            ok, kind = isinstance(value, bool), "a bool"
+        elif name in _INTS:
+            ok, kind = _is_int(value), "an int"
+        else:
+            ok, kind = isinstance(value, numbers.Real) and not isinstance(value, bool), "a number"
+        if not ok:
+            raise TypeError(f"{name} must be {kind}, got {type(value).__name__} {value!r}")
+    if not (isinstance(opts.compile, bool) or (isinstance(opts.compile, str) and opts.compile in ("auto", "layers"))):
+        raise TypeError(f"compile must be True, False, 'auto' or 'layers', got {opts.compile!r}")
+    if opts.max_memory is not None:
+        parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
+    if not isinstance(opts.attn, (str, AttentionBackend)):
+        raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
+    config = opts.request.generation_config
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"generation_config must be a GenerationConfig, got {type(config).__name__}")
+
+
+def _as_eos(eos) -> list[int] | None:
+    """eos_token_id as a list of ints; an empty list means no EOS (generate's None: it fails on [])."""
+    if eos is None:
+        return None
+    if _is_int(eos):
+        return [int(eos)]
+    try:
+        values = list(eos)
+    except TypeError:
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {type(eos).__name__}") from None
+    if isinstance(eos, (str, bytes)) or not all(_is_int(e) for e in values):
+        raise TypeError(f"eos_token_id must be an int or a list of ints, got {eos!r}")
+    return [int(e) for e in values] or None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

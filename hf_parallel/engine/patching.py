@@ -1,0 +1,91 @@
+"""What a call sets on a model, and takes back when it ends: `Support` says what, `use_model` does it.
+
+For the block of a call, the model's attention runs through an attention backend, attention modules
+that miss the plan get it from the cache, recurrent mixers are stood in for by segmented ones, and,
+where the runner decides so, the layers' small parts run compiled and sibling projections as one GEMM.
+Nothing of it outlives the block, whatever the block raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from ..attention import AttentionBackend, AttentionCall, use_attention
+from ..models.compiled_parts import fused
+from ..models.projections import grouped
+from ..models.recurrent import SegmentedMixer
+from ..row.cache import PackedCache
+
+
+@dataclass
+class Support:
+    """How the packed row serves one model, as its probe found (`hf_parallel.engine.probe.check_support`).
+
+    kinds:       per layer, "attention" or "hybrid" (K/V and a recurrent state).
+    plan_hooks:  names of attention modules that do not receive the attention kwargs.
+    mixers:      names of the modules with a recurrent state.
+    cache_class: the PackedCache to build (mixed with the model's own Cache subclass, if it defines one).
+    slot_bytes:  cache bytes of one slot (K and V of every attention layer).
+    stream_bytes: recurrent-state bytes of one stream (0 without recurrent layers).
+    token_by_token: the mixers' multi-token path ignores a start state: a segment continuing from a state runs a
+                 token at a time.
+    fusable:     names of the decoder layers' norms and (`fn:module.name`) of the rotary embedding function their
+                 attention calls, which may run compiled (`hf_parallel.models.compiled_parts`).
+    attention_calls: each kind of attention call the layers make (`AttentionCall`).
+    """
+
+    kinds: list[str]
+    plan_hooks: list[str] = field(default_factory=list)
+    mixers: list[str] = field(default_factory=list)
+    cache_class: type = PackedCache
+    slot_bytes: int = 0
+    stream_bytes: int = 0
+    token_by_token: bool = False
+    fusable: list[str] = field(default_factory=list)
+    attention_calls: list[AttentionCall] = field(default_factory=list)
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(self.mixers)
+
+    def cache(self, num_slots: int) -> PackedCache:
+        """An empty cache of `num_slots` slots for every layer of the model."""
+        return self.cache_class(self.kinds, num_slots)
+
+
+@contextlib.contextmanager
+def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False,
+              group: bool = False):  # fmt: skip
+    """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
+    with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM."""
+    hooks = [model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
+             for name in support.plan_hooks]  # fmt: skip
+    swapped = []
+    for name in support.mixers:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        swapped.append((parent, attr, getattr(parent, attr)))
+        setattr(parent, attr, SegmentedMixer(getattr(parent, attr), support.token_by_token))
+    try:
+        with use_attention(model, backend), fused(model, support.fusable if fuse else []), grouped(model, group):
+            yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for parent, attr, mixer in swapped:
+            setattr(parent, attr, mixer)
+
+
+def inject_plan(module, args, kwargs):
+    """A forward pre-hook: the cache's plan as `pp_plan=` for an attention module its decoder layer did not pass
+    it to, on the device of the module's inputs (a model placed over devices)."""
+    if kwargs.get("pp_plan") is None:
+        cache = next((v for v in (*kwargs.values(), *args) if isinstance(v, PackedCache)), None)
+        hidden = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        if cache is not None and cache.plan is not None:
+            kwargs["pp_plan"] = cache.plan.to(hidden.device) if hidden is not None else cache.plan
+    return args, kwargs

@@ -1,0 +1,193 @@
+"""Generation past one row's memory: prompts admitted as room frees up, answers streamed as they finish.
+
+Each round is one forward: the next token of every live stream, plus a chunk of the newly
+admitted prompts' tokens (each prompt token once; a prefix already in the row is reused).
+Its logits give the live streams their next tokens and the prompts completed in it their
+first.  Streams admitted in the same round share their step, so they form a `Cohort`
+that chooses its tokens through generate's processors together.  A stream that stops
+leaves the row at once; waiting prompts take its room (continuous refill) once enough
+room is free, so the live streams stay near the row's maximum (`admission.py`: which
+prompts, and where).  With `refill=False` prompts are admitted only into an empty row
+(static waves, the baseline).  Rounds with
+only decode tokens replay captured steps, as a single row's decode does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from ..decoding.logits import Processing
+from ..decoding.options import GenerationOptions
+from ..decoding.sampling import Sampler
+from ..row.forest import Node
+from .admission import Admission
+from .budget import RowBudget
+from .runner import Runner
+
+
+class Cohort:
+    """Streams that started in the same round: their rows, answer slots, processors and tokens so far."""
+
+    def __init__(self, runner: Runner, streams: list[int], prompts: list[list[int]], starts: list[int], room: int,
+                 sampler: Sampler):  # fmt: skip
+        device = runner.device
+        self.streams, self.step = streams, 0
+        self.starts = torch.tensor(starts, device=device)
+        self.processing = Processing.for_prompts(runner.model, runner.opts, prompts, room, device)
+        self.sampler = sampler
+        self.out = torch.empty(len(streams), room, dtype=torch.long, device=device)
+        self.last: torch.Tensor | None = None
+
+    def choose(self, logits: torch.Tensor, room: int) -> torch.Tensor:
+        """Each row's next token from its logits [n, V]; [n] bool, which rows stop with it."""
+        new = self.sampler(self.processing.scores(logits))
+        self.processing.append(new)
+        self.out[:, self.step] = self.last = new
+        self.step += 1
+        stop = self.processing.stopped(new)
+        return stop | (self.step == room)
+
+    def slots(self) -> torch.Tensor:
+        """[n] the slots the rows' newest tokens are written to."""
+        return self.starts + (self.step - 1)
+
+    def drop(self, keep: torch.Tensor, keep_list: list[bool]) -> None:
+        self.streams = [s for s, k in zip(self.streams, keep_list) if k]
+        self.starts, self.out, self.last = self.starts[keep], self.out[keep], self.last[keep]
+        self.processing.keep(keep)
+
+
+class RefillEngine:
+    """Every prompt's new tokens, through one row of `budget` (module docstring); `run` yields them as they finish."""
+
+    def __init__(self, runner: Runner, prompts: list[list[int]], groups: list[list[int]], room: int,
+                 budget: RowBudget, refill: bool = True):  # fmt: skip
+        self.runner, self.prompts, self.room = runner, prompts, room
+        self.opts: GenerationOptions = runner.opts
+        self.sampler = Sampler(runner.opts, runner.device)  # one for the call: a seed gives one sequence of draws
+        self.admission = Admission(prompts, groups, room, budget, refill)
+        self.forest = self.admission.forest
+        self.starting: list[tuple[int, Node]] = []  # admitted streams whose first logits are not computed yet
+        self.cohorts: list[Cohort] = []
+        self.started: list[tuple[int, Node, int]] = []
+        self.changed = True  # the row's layout changed since the last forest snapshot's captured step
+        self.live_changed = True  # the live streams changed since the last captured step
+
+    @property
+    def live(self) -> int:
+        return sum(len(c.streams) for c in self.cohorts) + len(self.starting)
+
+    def run(self) -> Iterator[tuple[int, list[int]]]:
+        while self.admission.waiting or self.starting or self.cohorts:
+            self._admit()
+            logits = self._forward()
+            yield from self._choose(logits)
+
+    # -- admission --
+
+    def _admit(self) -> None:
+        admitted = self.admission.admit(self.live)
+        if admitted:
+            self.starting += admitted
+            self.changed = True
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        self.runner.relayout(self.forest.snapshot(self.room))
+
+    # -- one round --
+
+    def _forward(self) -> torch.Tensor:
+        """One forward over the live streams' newest tokens and a chunk of pending prompt tokens; its logits."""
+        runner, device = self.runner, self.runner.device
+        decode = [c for c in self.cohorts if c.last is not None]
+        slots = [c.slots() for c in decode]
+        tokens = [c.last for c in decode]
+        n_decode = sum(len(c.streams) for c in decode)
+        extra_slots, extra_tokens, start_rows = self.prompt_tokens()
+        if not extra_slots and not self.changed:  # only decode tokens: the captured step, as a row's decode
+            changed, self.live_changed = self.live_changed, False
+            return runner.step(torch.cat(slots), torch.cat(tokens), changed)
+        slots.append(torch.tensor(extra_slots, dtype=torch.long, device=device))
+        tokens.append(torch.tensor(extra_tokens, dtype=torch.long, device=device))
+        keep = torch.cat([torch.arange(n_decode, device=device),
+                          n_decode + torch.tensor(start_rows, dtype=torch.long, device=device)])  # fmt: skip
+        self.changed, self.live_changed = False, True  # the next captured step must refresh its plan
+        return runner.forward(runner.plan(torch.cat(slots)), torch.cat(tokens), keep)
+
+    def prompt_tokens(self) -> tuple[list[int], list[int], list[int]]:
+        """(slots, token ids) of up to a chunk of pending prompt tokens, parents first, and for each starting
+        stream whose prompt is then complete the index of its last token among them (a last token written in an
+        earlier round is queried again: the same K/V rewritten to the same slot)."""
+        budget = self.opts.prefill_chunk_for(self.runner.backend)
+        slots, tokens = [], []
+        for node in self.forest.pending():
+            take = min(len(node.tokens) - node.written, budget - len(slots))
+            if take <= 0:
+                break
+            slots += range(node.slot + node.written, node.slot + node.written + take)
+            tokens += node.tokens[node.written : node.written + take]
+            node.written += take
+        where = {s: i for i, s in enumerate(slots)}
+        rows, still = [], []
+        for index, answer in self.starting:
+            end = answer.parent
+            if not _complete(end):
+                still.append((index, answer))
+                continue
+            last = end.slot + len(end.tokens) - 1
+            if last not in where:
+                where[last] = len(slots)
+                slots.append(last)
+                tokens.append(end.tokens[-1])
+            rows.append((index, answer, where[last]))
+        self.starting, self.started = still, rows
+        return slots, tokens, [r for _, _, r in rows]
+
+    def _choose(self, logits: torch.Tensor) -> Iterator[tuple[int, list[int]]]:
+        """Every live stream's next token; the finished streams leave the row and are yielded."""
+        room, at, stops = self.room, 0, []
+        live = [c for c in self.cohorts if c.last is not None]
+        for cohort in live:
+            n = len(cohort.streams)
+            stops.append(cohort.choose(logits[at : at + n], room))
+            at += n
+        if self.started:
+            prompts = [self.prompts[i] for i, _, _ in self.started]
+            starts = [a.slot for _, a, _ in self.started]
+            cohort = Cohort(self.runner, [i for i, _, _ in self.started], prompts, starts, room, self.sampler)
+            self.cohorts.append(cohort)
+            live.append(cohort)
+            stops.append(cohort.choose(logits[at:], room))
+        if not live:
+            return
+        done = torch.cat(stops).tolist()  # the one host sync of a round
+        at = 0
+        for cohort in live:
+            flags = done[at : at + len(cohort.streams)]
+            at += len(flags)
+            if any(flags):
+                yield from self._finish(cohort, flags)
+        self.cohorts = [c for c in self.cohorts if c.streams]
+
+    def _finish(self, cohort: Cohort, flags: list[bool]) -> Iterator[tuple[int, list[int]]]:
+        rows = [i for i, f in enumerate(flags) if f]
+        answers = cohort.out[rows, : cohort.step].tolist()
+        for row, tokens in zip(rows, answers):
+            index = cohort.streams[row]
+            self.admission.release(index)
+            yield index, tokens
+        keep = [not f for f in flags]
+        cohort.drop(torch.tensor(keep, device=self.runner.device), keep)
+        self.live_changed = True
+
+
+def _complete(node: Node | None) -> bool:
+    """Whether every token of `node` and of its ancestors is written."""
+    while node is not None:
+        if node.written < len(node.tokens):
+            return False
+        node = node.parent
+    return True

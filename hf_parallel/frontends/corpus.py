@@ -1,0 +1,204 @@
+"""Many documents, each with its own questions: `answer_corpus` answers them in input order, a
+document's answers as soon as its `generate_tokens` call is done, several documents per call.
+
+Also the JSON-lines files of `hf-parallel answer --corpus`: `read_corpus` reads the input (a bad
+line is reported, not fatal), `finished_answers` what an earlier run already wrote to the output,
+so that an interrupted run resumes (`hf_parallel.frontends.jsonlines` appends the finished ones).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..decoding.inputs import check_text, check_tokens, eos_token_ids
+from ..engine.generate import generate_tokens
+from .jsonlines import read_json_lines
+from .prompting import render_prompts
+
+# Prompt tokens per generate_tokens call (each document's shared prefix counted once): enough to
+# pack many short documents into one call, small enough that the dense reference path's memory
+# stays bounded (prefill goes in chunks; the answers' room comes on top).
+TOKENS_PER_CALL = 65536
+
+
+@dataclass(frozen=True)
+class CorpusAnswer:
+    """One document's answers, in the order of its questions.
+
+    index: the record's position in the input; id: the record's "id", else its index.
+    answers: one string per question (a list of n per question with num_return_sequences=n > 1).
+    """
+
+    index: int
+    id: object
+    document: str
+    questions: list[str]
+    answers: list
+
+
+def answer_corpus(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    records: Iterable,
+    template: str | None = None,
+    use_chat_template: bool | None = None,
+    system_prompt: str | None = None,
+    tokens_per_call: int = TOKENS_PER_CALL,
+    progress: bool | None = None,
+    **options,
+) -> Iterator[CorpusAnswer]:
+    """Answer every record's questions about its document; one `CorpusAnswer` per record, in input order.
+
+    records: (document, questions) pairs, or dicts with "document", "questions" and an optional
+        "id"; a sequence is checked whole before any model work, any other iterable is read lazily.
+    Prompts are rendered as `generate_parallel` renders them (template, use_chat_template,
+    system_prompt), and consecutive documents share one `generate_tokens` call while their
+    prompt tokens (each document's shared prefix once) fit in `tokens_per_call`; a larger
+    document gets a call of its own.  Answers are decoded as `generate_parallel` decodes them.
+    progress: a bar over questions answered on stderr; default: when stderr is a terminal.
+    options: generation options, as for `generate_parallel`.
+    """
+    if isinstance(tokens_per_call, bool) or not isinstance(tokens_per_call, int) or tokens_per_call < 1:
+        raise ValueError(f"tokens_per_call must be an integer >= 1, got {tokens_per_call!r}")
+    options.setdefault("eos_token_id", eos_token_ids(model, tokenizer))
+    options.setdefault("tokenizer", tokenizer)  # for stop_strings, as generate_parallel passes it
+    render = {"template": template, "use_chat_template": use_chat_template, "system_prompt": system_prompt}
+    items = ((i, as_record(r, f"record {i}")) for i, r in enumerate(records))
+    total = None
+    if isinstance(records, Sequence):
+        items = list(items)
+        total = sum(len(questions) for _, (_, _, questions) in items)
+    bar = {"total": total, "disable": not (sys.stderr.isatty() if progress is None else progress)}
+    return _answers(model, tokenizer, _calls(model, tokenizer, items, render, tokens_per_call, options), options, bar)
+
+
+def as_record(record, name: str) -> tuple[object, str, list[str]]:
+    """(id or None, document, questions) of a (document, questions) pair or a dict; errors name `name`."""
+    if isinstance(record, dict):
+        missing = [key for key in ("document", "questions") if key not in record]
+        if missing:
+            raise ValueError(f"{name} has no {' or '.join(map(repr, missing))}")
+        record_id, document, questions = record.get("id"), record["document"], record["questions"]
+    elif isinstance(record, (tuple, list)) and len(record) == 2:
+        record_id, (document, questions) = None, record
+    else:
+        raise TypeError(f"{name} must be a (document, questions) pair or a dict, got {type(record).__name__}")
+    check_text(f"{name}'s document", document)
+    if isinstance(questions, str) or not isinstance(questions, Sequence):
+        raise TypeError(f"{name}'s questions must be a list of strings, got {type(questions).__name__}")
+    for j, question in enumerate(questions):
+        check_text(f"{name}'s question {j}", question)
+    return record_id, document, list(questions)
+
+
+def _calls(model, tokenizer, items, render: dict, tokens_per_call: int, options: dict):
+    """Batches of (index, record, prompts): consecutive documents whose prompt tokens fit `tokens_per_call`."""
+    room = options.get("max_new_tokens") if isinstance(options.get("max_new_tokens"), int) else 0
+    batch, size = [], 0
+    for index, record in items:
+        prompts = render_prompts(tokenizer, record[1], record[2], **render)
+        name = f"record {index}" + (f" (id {record[0]!r})" if record[0] is not None else "")
+        for j, prompt in enumerate(prompts):  # named by record here: generate_tokens would name a call's prompt
+            check_tokens(model, f"{name}'s question {j}", prompt, room)
+        tokens = prompt_tokens(prompts)
+        if batch and size + tokens > tokens_per_call:
+            yield batch
+            batch, size = [], 0
+        batch.append((index, record, prompts))
+        size += tokens
+    if batch:
+        yield batch
+
+
+def document_tokens(tokenizer: PreTrainedTokenizerBase, document: str, questions: list[str], **render) -> int:
+    """The prompt tokens a document puts in a call (its shared prefix once); render: as for `answer_corpus`."""
+    return prompt_tokens(render_prompts(tokenizer, document, questions, **render))
+
+
+def prompt_tokens(prompts: list[list[int]]) -> int:
+    """Tokens a document's prompts put in the packed row: their common prefix once, then each one's rest."""
+    shared = len(os.path.commonprefix(prompts)) if prompts else 0
+    return shared + sum(len(p) - shared for p in prompts)
+
+
+def _answers(model, tokenizer, calls, options: dict, bar_options: dict) -> Iterator[CorpusAnswer]:
+    with tqdm(desc="questions", unit="q", **bar_options) as bar:
+        for batch in calls:
+            prompts = [p for _, _, ps in batch for p in ps]
+            tokens = generate_tokens(model, prompts, **options) if prompts else []
+            texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+            n = len(texts) // len(prompts) if prompts else 1  # num_return_sequences: a question's answers contiguous
+            answers = iter(texts if n == 1 else [texts[i : i + n] for i in range(0, len(texts), n)])
+            for index, (record_id, document, questions), _ in batch:
+                done = [next(answers) for _ in questions]
+                bar.update(len(questions))
+                yield CorpusAnswer(index, index if record_id is None else record_id, document, questions, done)
+
+
+# --------------------------------------------------------------------------- JSON-lines files
+
+
+def read_corpus(path: str | Path) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The records of a JSON-lines corpus, one {"id"?, "document", "questions"} object a line.
+
+    Returns the good lines' records ({"line", "id", "document", "questions"}; "id" None when
+    the line has none) and (line number, message) per bad line; blank lines are skipped.
+    A line is bad when it is not a JSON object, its document or a question is not a non-empty
+    string, it has no questions, or its id is not a string or integer or repeats another's.
+    """
+    records, problems, seen = [], [], {}
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(_corpus_line(number, line, seen))
+            except (TypeError, ValueError) as error:
+                problems.append((number, str(error)))
+    return records, problems
+
+
+def _corpus_line(number: int, line: str, seen: dict) -> dict:
+    try:
+        row = json.loads(line.rstrip("\r\n"))  # an error names the column, not "line 2 column 1"
+    except json.JSONDecodeError as error:
+        raise ValueError(f"not JSON ({error})") from None
+    if not isinstance(row, dict):
+        raise TypeError(f'expected a JSON object with "document" and "questions", got {type(row).__name__}')
+    record_id, document, questions = as_record(row, "the line")
+    if not questions:
+        raise ValueError("the document has no questions")
+    if record_id is not None:
+        if isinstance(record_id, bool) or not isinstance(record_id, (str, int)):
+            raise TypeError(f"its id must be a string or an integer, got {json.dumps(record_id)}")
+        if record_id in seen:
+            raise ValueError(f"its id {json.dumps(record_id)} is line {seen[record_id]}'s too")
+        seen[record_id] = number
+    return {"line": number, "id": record_id, "document": document, "questions": questions}
+
+
+def answer_key(record: dict) -> tuple:
+    """What identifies a corpus document across runs: its id, else its line number."""
+    return ("id", record["id"]) if record.get("id") is not None else ("line", record["line"])
+
+
+def finished_answers(path: str | Path) -> dict[tuple, list[str]]:
+    """The documents an earlier run wrote to an output file: `answer_key` -> questions.
+
+    A last line cut short by an interruption is removed from the file (its document runs again);
+    any other line that is not an answer line raises ValueError naming it.
+    """
+    finished = {}
+    for number, record in enumerate(read_json_lines(path), 1):
+        if not isinstance(record, dict) or not {"line", "questions", "answers"} <= record.keys():
+            raise ValueError(f"{path} line {number} is not an answer line of `hf-parallel answer --corpus`")
+        finished[answer_key(record)] = record["questions"]
+    return finished

@@ -1,0 +1,221 @@
+"""The decoder layers' norms and rotary embedding fused by `torch.compile`, one class or function at a time.
+
+A decode step over 64 streams is mostly weight reads, yet eagerly each layer also runs some thirty small
+kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, cast and scale), each a few
+microseconds even inside a CUDA graph.  Compiling the whole model fuses them but traces every layer
+(tens of seconds on a 7B model).  Here only a layer's norms are compiled: they hold no attention and no cache,
+and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class and
+every layer reuses it.  Only the token count is a dynamic dimension: each call marks it (`token_dims`), and the
+model's widths (hidden size, heads, head size) stay static, so Inductor's kernels index with constants.  With every
+dimension dynamic (`dynamic=True`) they divide by runtime sizes per element, and on the H200 ran 1.5-4x slower
+(the rotary embedding of 256 streams 9.7 against 4.2 us a layer on CodeLlama-7B's shape, of an 8k prefill 178
+against 66 us; docs/benchmarks.md).  A graph still compiles again where a call's strides differ from those it
+was compiled for, with its strides dynamic: where a GPU groups the q|k|v projection (`projections.py`), a prefill
+chunk's q and k are column slices of one output as a decode step's are, so the rotary function compiles once.
+
+A part is fusable when it is a norm: no children, only 1-D parameters; or when it is the rotary embedding
+function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
+ten kernels a layer (a multiply, a negation, a concatenation, a multiply and an add, for q and for k), compiled
+one.  The function is swapped in its module for the block, so every layer's call goes through one compiled
+graph; a part named `fn:module.function`.  Where the `kernels` package is installed, transformers makes the function
+a module whose forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention
+module's copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs were measured compiled too
+(their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
+graph added about 5 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
+(`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import sys
+import threading
+import types
+import warnings
+
+import torch
+from torch import nn
+
+OPTIONS = {"emulate_precision_casts": True}
+DYNAMIC = None  # torch.compile's `dynamic`: Dynamo's own choice, with the token count marked (`token_dims`)
+RECOMPILE_LIMIT = 64  # graphs per compiled function (a whole-model step compiles at most three, a part one per
+# shape of its weights: a process that runs models of many shapes recompiles)
+
+
+def recompile_limit(limit: int):
+    """Dynamo's per-function recompile limit raised to at least `limit` (its default, 8, would leave the
+    buckets past the eighth, e.g. the ninth of 256 streams, running uncompiled)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    return config.patch(**{name: max(getattr(config, name), limit)})
+
+
+COMPILER = "torch._inductor.compile_fx"  # what `torch.compile`'s first use imports: about a second of Python
+importing: list[threading.Thread] = []  # the thread importing it, once per process
+
+
+def compiler_unimported() -> bool:
+    """Whether Inductor's compiler is neither imported nor being imported (`import_compiler` would start it)."""
+    return not importing and COMPILER not in sys.modules
+
+
+def import_compiler() -> None:
+    """Start importing Inductor's compiler on a thread of its own, once per process, where it is not imported yet.
+
+    A call that will compile starts it before its support probe, whose first forward on a GPU takes a second or
+    more, much of it in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
+    `torch.compile` (0.4-0.5 s off a first call on the H200, docs/benchmarks.md)."""
+    if compiler_unimported():
+        importing.append(threading.Thread(target=_import, args=(COMPILER,), name="hf_parallel-import", daemon=True))
+        importing[0].start()
+
+
+def _import(name: str) -> None:
+    with contextlib.suppress(Exception):  # an import that fails here fails again, and is reported, where it is used
+        importlib.import_module(name)
+
+
+def compiler_imported() -> None:
+    """Wait for `import_compiler`'s thread, if any: the compiler's packages import one another, and two threads
+    importing them at once could each wait for a module the other is importing."""
+    if importing:
+        importing[0].join()
+
+
+ROTARY = "apply_rotary_pos_emb"  # the name every modeling file that copies Llama's attention gives it
+FUNCTION = "fn:"  # a part that is a modeling module's function, not a submodule
+
+
+def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
+    """Names of the norms of the decoder layers that hold the modules in `attention`, and `fn:` names of the
+    rotary embedding functions those modules' forwards call."""
+    names = {module: name for name, module in model.named_modules()}
+    layers = {names[m].rpartition(".")[0] for m in attention if m in names and "." in names[m]}
+    parts = []
+    for layer in sorted(layers, key=_natural):
+        for child_name, child in model.get_submodule(layer).named_children():
+            if child not in attention and _is_norm(child):
+                parts.append(f"{layer}.{child_name}")
+    for cls in sorted({type(m) for m in attention}, key=lambda c: c.__module__):
+        forward = inspect.unwrap(cls.forward)  # under transformers' kwarg decorators and `kernels`' wrapper
+        code = getattr(forward, "__code__", None)
+        function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
+        if _plain(function, attention) and code is not None and ROTARY in code.co_names:
+            parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
+    return list(dict.fromkeys(parts))  # once each, in order
+
+
+def _plain(function, attention: list[nn.Module]) -> bool:
+    """Whether `function` runs as written: a function, or `kernels`' module of one (what transformers' hub-kernel
+    decorator makes of it where `kernels` is installed) that `kernelize` gave no forward of its own."""
+    if isinstance(function, types.FunctionType):
+        return True
+    if not isinstance(function, nn.Module) or not hasattr(type(function), "kernel_layer_name"):
+        return False
+    copies = [function] + [c for m in attention for c in vars(m).get("_kernel_funcs", {}).values()]
+    return not any("forward" in vars(c) for c in copies)
+
+
+def _natural(name: str):
+    return [int(p) if p.isdigit() else p for p in name.split(".")]
+
+
+def _is_norm(module: nn.Module) -> bool:
+    params = list(module.parameters(recurse=False))
+    return not list(module.children()) and bool(params) and all(p.dim() == 1 for p in params)
+
+
+class CompiledPart:
+    """A part's forward through its class's compiled function (or a function through its compiled self); eager
+    again (with one warning) if compiling fails."""
+
+    failed: set = set()  # classes and functions whose compilation failed in this process
+    compiled: dict = {}
+
+    def __init__(self, module: nn.Module | None = None, function=None, name: str | None = None):
+        """A norm `module` (its class's forward compiled, once per class), or a `function` (compiled once; a
+        function or `kernels`' module of one) named `name`."""
+        self.module = module
+        self.key = type(module) if module is not None else function  # one compiled function per class
+        self.name = type(module).__name__ if module is not None else name
+        self.eager = module.forward if module is not None else function
+        if self.key not in CompiledPart.compiled:  # Dynamo caches on the code, guards on shapes
+            compiler_imported()
+            code = self.key.forward if module is not None else function
+            CompiledPart.compiled[self.key] = torch.compile(code, dynamic=DYNAMIC, options=OPTIONS)
+        self.fn = CompiledPart.compiled[self.key]
+
+    def __call__(self, *args, **kwargs):
+        key = self.key
+        if key not in CompiledPart.failed:
+            try:
+                for tensor, dim in token_dims(self.module is None, args, kwargs):
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+                if self.module is None:
+                    return self.fn(*args, **kwargs)
+                return self.fn(self.module, *args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - a real input error recurs below, eagerly
+                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                    raise
+                warnings.warn(f"torch.compile of {self.name} failed ({type(err).__name__}: {err}); "
+                              "running it as it is", stacklevel=2)  # fmt: skip
+                CompiledPart.failed.add(key)
+        return self.eager(*args, **kwargs)
+
+
+def token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
+    """(tensor, dim) of the token count in a part's inputs, as Transformers lays them out: a norm's input [B, N, ...];
+    the rotary function's q and k [B, H, N, D] ([B, N, H, D] where it unsqueezes cos and sin at 2) and cos and sin
+    [B, N, D].  A dim guessed wrong only costs a graph: Dynamo makes a dimension that changes dynamic itself."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not rotary:
+        dims = [(tensors[0], 1 if tensors[0].dim() > 2 else 0)] if tensors else []
+    elif len(tensors) >= 4:
+        q, k, cos, sin = tensors[:4]
+        head_first = kwargs.get("unsqueeze_dim", 1) == 1
+        dims = [(q, q.dim() - 2 if head_first else 1), (k, k.dim() - 2 if head_first else 1),
+                (cos, cos.dim() - 2), (sin, sin.dim() - 2)]  # fmt: skip
+    else:
+        dims = []
+    return [(t, d) for t, d in dims if 0 <= d < t.dim()]
+
+
+@contextlib.contextmanager
+def fused(model: nn.Module, parts: list[str]):
+    """For the block: each part in `parts` runs compiled: a module's forward (an instance attribute, removed
+    after), a function (swapped in its module, put back after)."""
+    modules = [model.get_submodule(name) for name in parts if not name.startswith(FUNCTION)]
+    modules = [m for m in modules if "forward" not in vars(m)]  # a forward of its own (a hook's): left alone
+    functions = []
+    for name in parts:
+        if name.startswith(FUNCTION):
+            where, _, attr = name[len(FUNCTION) :].rpartition(".")
+            owner = sys.modules[where]
+            function = getattr(owner, attr)
+            if not isinstance(function, CompiledPart):  # not already swapped (a call within a call)
+                functions.append((owner, attr, function))
+    for module in modules:
+        module.forward = CompiledPart(module)
+    for owner, attr, function in functions:
+        setattr(owner, attr, CompiledPart(function=function, name=attr))
+    try:
+        with _compiling() if modules or functions else contextlib.nullcontext():
+            yield
+    finally:
+        for module in modules:
+            del module.forward
+        for owner, attr, function in functions:
+            setattr(owner, attr, function)
+
+
+@contextlib.contextmanager
+def _compiling():
+    """Dynamo's recompile limit raised, and Inductor's builds of the parts' few kernels made in this process: a pool
+    of compile workers takes longer to start than the builds it would share (docs/benchmarks.md, "The first
+    call")."""
+    from torch._inductor import config
+
+    with recompile_limit(RECOMPILE_LIMIT), config.patch(compile_threads=1):
+        yield
