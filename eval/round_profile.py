@@ -37,7 +37,7 @@ from eval.profile_step import group_of  # noqa: E402
 from hf_parallel.attention.triton import TritonStaticPlan  # noqa: E402
 from hf_parallel.decoding import logits  # noqa: E402
 from hf_parallel.engine.cuda_graphs import DecodeGraphs  # noqa: E402
-from hf_parallel.engine.refill import Cohort, RefillEngine  # noqa: E402
+from hf_parallel.engine.refill import Cohort, RefillLoop  # noqa: E402
 from hf_parallel.engine.runner import Runner  # noqa: E402
 
 
@@ -95,7 +95,7 @@ class HostTimer(Patched):
     plan refresh, a step's capture (its warm-up forward included) and the eager forwards (admitting rounds)."""
 
     PARTS = {
-        "admit": (RefillEngine, "_admit"),
+        "admit": (RefillLoop, "_admit"),
         "choose": (Cohort, "choose"),
         "plan_update": (TritonStaticPlan, "update"),
         "capture": (DecodeGraphs, "_capture"),

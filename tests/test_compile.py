@@ -25,7 +25,7 @@ from hf_parallel import generate_tokens
 from hf_parallel.engine.probe import check_support
 from hf_parallel.models.projections import MOST_ROWS
 
-from .conftest import _COMMON, ARCHITECTURES, generate_alone, random_tokens, tiny_model
+from .conftest import ARCHITECTURES, COMMON, generate_alone, random_tokens, tiny_model
 
 ATTNS = ["reference", "triton"]
 # a decode step or a layer part that silently fell back to running uncompiled would pass the token checks: make
@@ -125,7 +125,7 @@ def _own_forwards(model) -> list[str]:
 def test_layer_parts_match_generate_and_compile_once_for_every_layer():
     torch._dynamo.reset()
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(**{**_COMMON, "num_hidden_layers": 4}, intermediate_size=128,
+    config = transformers.LlamaConfig(**{**COMMON, "num_hidden_layers": 4}, intermediate_size=128,
                                       num_key_value_heads=2)  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     parts = check_support(model).fusable
@@ -153,7 +153,7 @@ def test_a_wide_prefill_chunk_and_the_steps_share_the_rotary_graph():
     graph for the norm class and one for the rotary function, not a second for other strides."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    config = transformers.Qwen2Config(**{**_COMMON, "max_position_embeddings": 512}, intermediate_size=128,
+    config = transformers.Qwen2Config(**{**COMMON, "max_position_embeddings": 512}, intermediate_size=128,
                                       num_key_value_heads=2)  # fmt: skip
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = transformers.AutoModelForCausalLM.from_config(config).eval().to(device)  # q, k and v with biases
@@ -217,7 +217,7 @@ def test_layer_parts_keep_the_model_widths_static_and_the_token_count_dynamic():
     graphs of its own (widths static: Inductor's kernels index with constants, 1.5-4x faster on the H200)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    config = dict(_COMMON, intermediate_size=128)
+    config = dict(COMMON, intermediate_size=128)
     wide = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config, num_key_value_heads=2)).eval()
     narrow = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**config, "num_attention_heads": 8},
                                                                     num_key_value_heads=8)).eval()  # fmt: skip
@@ -255,7 +255,7 @@ def test_a_rotary_function_given_a_hub_kernel_is_left_alone(monkeypatch):
     rotary = modeling_llama.apply_rotary_pos_emb
     if not isinstance(rotary, torch.nn.Module):
         pytest.skip("kernels is not installed: the rotary function is a plain function (the other tests' case)")
-    config = transformers.LlamaConfig(**_COMMON, intermediate_size=128, num_key_value_heads=2)
+    config = transformers.LlamaConfig(**COMMON, intermediate_size=128, num_key_value_heads=2)
     fused_rotary = lambda model: [p for p in check_support(model).fusable if p.startswith("fn:")]  # noqa: E731
     assert fused_rotary(transformers.AutoModelForCausalLM.from_config(config).eval()) != []
     kernel = lambda module: types.MethodType(type(module).forward, module)  # noqa: E731

@@ -3,8 +3,8 @@
 import pytest
 
 from hf_parallel.evaluation.metrics import (
-    _normalize_answer,
     drop_em_f1,
+    drop_normalize_answer,
     get_metrics,
     normalize_answer,
     quac_f1,
@@ -58,12 +58,12 @@ def test_squad_needs_a_gold_answer():
 
 
 def test_drop_number_normalization_official():
-    assert _normalize_answer("12.0") == _normalize_answer("12.0  ")
-    assert _normalize_answer("12.0") == _normalize_answer("12.000")
-    assert _normalize_answer("12.0") == _normalize_answer("12")
-    assert _normalize_answer("12.0") == _normalize_answer("  1.2e1  ")
-    assert _normalize_answer("12.0 persons") == "12.0 persons"
-    assert _normalize_answer("S.K. Singh") == "sk singh"
+    assert drop_normalize_answer("12.0") == drop_normalize_answer("12.0  ")
+    assert drop_normalize_answer("12.0") == drop_normalize_answer("12.000")
+    assert drop_normalize_answer("12.0") == drop_normalize_answer("12")
+    assert drop_normalize_answer("12.0") == drop_normalize_answer("  1.2e1  ")
+    assert drop_normalize_answer("12.0 persons") == "12.0 persons"
+    assert drop_normalize_answer("S.K. Singh") == "sk singh"
 
 
 def test_drop_numbers_by_hand():

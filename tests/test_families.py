@@ -49,13 +49,13 @@ def test_the_shared_prefix_state_is_computed_once(arch, monkeypatch):
     doc = random_tokens(40, gen)
     prompts = [doc + random_tokens(2 + i, gen) for i in range(6)]
     seen: dict[int, int] = {}
-    forward = SegmentedMixer._prefill
+    forward = SegmentedMixer.prefill
 
     def counting(self, call, layer, hidden, runs):
         seen[self.layer_idx] = seen.get(self.layer_idx, 0) + hidden.shape[1]
         return forward(self, call, layer, hidden, runs)
 
-    monkeypatch.setattr(SegmentedMixer, "_prefill", counting)
+    monkeypatch.setattr(SegmentedMixer, "prefill", counting)
     generate_tokens(model, prompts, max_new_tokens=3, eos_token_id=[])
     mixers = {m.layer_idx for m in model.modules() if is_mixer(m)}
     tree_tokens = len(doc) + sum(len(p) - len(doc) for p in prompts)

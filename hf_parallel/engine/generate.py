@@ -1,7 +1,7 @@
 """`generate_tokens` and `stream_tokens`: answer every prompt as if alone, shared token prefixes computed once.
 
 A workload that fits the memory budget runs as one packed row (`Runner`).  One that does
-not is admitted as room frees up (`RefillEngine`: continuous refill, or static waves), a
+not is admitted as room frees up (`RefillLoop`: continuous refill, or static waves), a
 document's prompts together; models with recurrent layers run it in waves of rows.
 """
 
@@ -26,7 +26,7 @@ from ..row.layout import Layout, build_layout
 from .budget import RowBudget, row_budget, too_large
 from .patching import Support
 from .probe import check_support
-from .refill import RefillEngine
+from .refill import RefillLoop
 from .rows import RowKeeper
 from .runner import Runner, compiles
 
@@ -138,9 +138,9 @@ class Call:
     def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
         empty = Forest(budget.capacity).snapshot(self.room)
         runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
-        engine = RefillEngine(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
+        loop = RefillLoop(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
         with runner.using_model():
-            rounds = engine.run()
+            rounds = loop.run()
             while True:
                 with torch.inference_mode():
                     finished = next(rounds, None)

@@ -59,7 +59,7 @@ class Cohort:
         self.processing.keep(keep)
 
 
-class RefillEngine:
+class RefillLoop:
     """Every prompt's new tokens, through one row of `budget` (module docstring); `run` yields them as they finish."""
 
     def __init__(self, runner: Runner, prompts: list[list[int]], groups: list[list[int]], room: int,

@@ -99,7 +99,7 @@ def _tokenize(text: str) -> list[str]:
     return re.split(" |-", text)
 
 
-def _normalize_answer(text: str) -> str:
+def drop_normalize_answer(text: str) -> str:
     """Lower text and remove punctuation, articles and extra whitespace, per token."""
     parts = [
         " ".join(_remove_articles(_normalize_number(_remove_punc(token.lower()))).split()) for token in _tokenize(text)
@@ -110,7 +110,7 @@ def _normalize_answer(text: str) -> str:
 def _answer_to_bags(answer: DropAnswer) -> tuple[list[str], list[set[str]]]:
     """Normalized spans and their token sets; a string is a one-span answer."""
     raw_spans = [answer] if isinstance(answer, str) else list(answer)
-    normalized_spans = [_normalize_answer(span) for span in raw_spans]
+    normalized_spans = [drop_normalize_answer(span) for span in raw_spans]
     return normalized_spans, [set(span.split()) for span in normalized_spans]
 
 

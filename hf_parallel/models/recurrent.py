@@ -141,12 +141,12 @@ class SegmentedMixer(nn.Module):
         layer, runs = cache.layers[self.layer_idx], cache.segment_runs
         call = Call(self.mixer, layer, args, kwargs)
         if runs.rows is not None:
-            out = self._decode(call, layer, hidden, runs.rows)
+            out = self.decode(call, layer, hidden, runs.rows)
         else:
-            out = self._prefill(call, layer, hidden, runs)
+            out = self.prefill(call, layer, hidden, runs)
         return (out, None) if call.returns_tuple else out
 
-    def _decode(self, call, layer: StateLayer, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def decode(self, call, layer: StateLayer, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Every token is its stream's next one: one call, a batch row per token, states gathered and scattered."""
         out, state = call(hidden[0][:, None], layer.pool.rows(rows))
         for part, new in ((layer.pool.conv, state.conv), (layer.pool.rec, state.rec)):
@@ -155,7 +155,7 @@ class SegmentedMixer(nn.Module):
                     part[i][rows] = t
         return out[:, 0][None]
 
-    def _prefill(self, call, layer: StateLayer, hidden: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
+    def prefill(self, call, layer: StateLayer, hidden: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
         pieces = []
         for seg, first, end in runs.runs:
             state = layer.segments.get(seg)  # a segment split across prefill chunks continues from itself
