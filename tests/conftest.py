@@ -145,15 +145,19 @@ def pytest_addoption(parser):
     parser.addoption("--full-sweep", action="store_true", help=text)
 
 
+EVAL = Path(__file__).resolve().parents[1] / "eval"
+
+
 def eval_module(name: str):
-    """eval/<name>.py as the module `eval_<name>` (registered before it runs, as its dataclasses need; eval/ on the
-    path while it loads, as its scripts import each other by name)."""
-    folder = Path(__file__).resolve().parents[1] / "eval"
-    spec = importlib.util.spec_from_file_location(f"eval_{name}", folder / f"{name}.py")
+    """eval/<name>.py (or eval/diagnostics/<name>.py) as the module `eval_<name>` (registered before it runs, as its
+    dataclasses need; both folders on the path while it loads, as the scripts import each other by name)."""
+    folders = [EVAL, EVAL / "diagnostics"]
+    path = next((f / f"{name}.py" for f in folders if (f / f"{name}.py").exists()), EVAL / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"eval_{name}", path)
     module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(folder))
+    sys.path[:0] = [str(f) for f in folders]
     try:
         spec.loader.exec_module(module)
     finally:
-        sys.path.pop(0)
+        del sys.path[: len(folders)]
     return module
