@@ -16,10 +16,21 @@ from .frontends.scoring import score_continuations
 from .frontends.session import Session
 
 __all__ = [
-    "generate_parallel", "generate_tokens", "stream_tokens", "Session", "render_prompt", "render_prompts",
-    "GenerationOptions", "AttentionBackend",
-    "score_continuations", "judge", "ChoiceQuestion", "ScoreQuestion", "YesNoQuestion", "JudgeResult",
-]  # fmt: skip
+    "generate_parallel",
+    "generate_tokens",
+    "stream_tokens",
+    "Session",
+    "render_prompt",
+    "render_prompts",
+    "GenerationOptions",
+    "AttentionBackend",
+    "score_continuations",
+    "judge",
+    "ChoiceQuestion",
+    "ScoreQuestion",
+    "YesNoQuestion",
+    "JudgeResult",
+]
 
 
 def _generate_parallel_method(self, document, questions, tokenizer=None, **options):

@@ -1,5 +1,7 @@
 """Attention paths of hf_parallel: backend objects, registered with Transformers' AttentionInterface.
 
+`BACKENDS` holds the built-in paths by name ("reference" always, "triton" where Triton is installed);
+`resolve_backend` picks one and `use_attention` routes a model's attention through it.
 No mask function is registered on purpose: for an implementation name absent from
 the mask registry, `create_causal_mask` returns None at once (transformers 5.17 and
 5.24 alike), so the model never builds a dense causal mask of its own; the stream
@@ -29,20 +31,24 @@ __all__ = ["BACKENDS", "AttentionBackend", "AttentionCall", "StaticPlan", "resol
 
 
 def resolve_backend(attn: str | AttentionBackend, device: torch.device) -> AttentionBackend:
-    """The backend `attn` names on `device` ("auto": triton on CUDA when installed, else reference)."""
+    """The backend `attn` names on `device` ("auto": triton on CUDA when installed, else reference); ValueError for
+    an unknown name."""
     if isinstance(attn, AttentionBackend):
         return attn
     if attn == "auto":
         attn = "triton" if device.type == "cuda" and "triton" in BACKENDS else "reference"
     if attn not in BACKENDS:
-        raise ValueError(f"unknown attention path {attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
-                         "or pass an AttentionBackend")  # fmt: skip
+        raise ValueError(
+            f"unknown attention path {attn!r}; choose 'auto', one of {sorted(BACKENDS)}, or pass an AttentionBackend"
+        )
     return BACKENDS[attn]
 
 
 @contextlib.contextmanager
 def use_attention(model: PreTrainedModel, backend: AttentionBackend):
-    """Route `model`'s attention through `backend` for the duration of the block."""
+    """Route `model`'s attention through `backend` for the duration of the block (restored after, whatever it
+    raises).  ValueError for a backend without a name; NotImplementedError where the model refuses the
+    implementation."""
     if not backend.name:
         raise ValueError(f"{type(backend).__name__} has no name to register with transformers' AttentionInterface")
     if AttentionInterface().get(backend.name) != backend.attention:

@@ -47,6 +47,7 @@ def sdpa_attention(query, key, value, mask, scaling=None, softcap=None, sinks=No
 
 
 def _spelled_out_attention(query, key, value, mask, scaling, softcap, sinks):
+    """`sdpa_attention`'s softcap and sinks in plain ops, scores in float32; [1, H, N, D]."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
@@ -66,7 +67,9 @@ def plan_on(plan: AttentionPlan | None, device: torch.device) -> AttentionPlan |
 
 
 def check_attention_call(module, query, attention_mask, dropout, plan, kwargs) -> None:
-    """Refuse what the stream mask cannot honour, by name, before any work."""
+    """Refuse what the stream mask cannot honour, by name, before any work: RuntimeError without a plan (outside
+    hf_parallel's generation); ValueError for a batch of more than one row, a mask of the model's own, or dropout
+    in training mode."""
     if plan is None:
         raise RuntimeError(
             "hf_parallel attention was called without a plan (pp_plan); it only runs inside hf_parallel's generation"
@@ -86,15 +89,25 @@ class ReferencePlan(AttentionPlan):
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict, init=False, repr=False)
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
+        """`stream_mask` [N, kv_len] for `sliding_window`, built once per plan."""
         if sliding_window not in self.masks:
             self.masks[sliding_window] = stream_mask(self, sliding_window)
         return self.masks[sliding_window]
 
 
 def reference_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None,
-    pp_plan: AttentionPlan | None = None, **kwargs,
-) -> tuple[torch.Tensor, None]:  # fmt: skip
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    softcap=None,
+    pp_plan: AttentionPlan | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D].
 
     kwargs may carry `s_aux`, gpt-oss's attention sinks ([H] logits)."""

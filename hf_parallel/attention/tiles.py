@@ -90,9 +90,14 @@ class TilePlan:
 
     @classmethod
     def allocate(
-        cls, layout: Layout, max_queries: int, group: int, block_m: int | None = None,
-        streams_per_tile: int | None = None, device: torch.device | str = "cuda",
-    ) -> TilePlan:  # fmt: skip
+        cls,
+        layout: Layout,
+        max_queries: int,
+        group: int,
+        block_m: int | None = None,
+        streams_per_tile: int | None = None,
+        device: torch.device | str = "cuda",
+    ) -> TilePlan:
         """An empty plan with room for any forward of up to `max_queries` queries over `layout` (a decode
         bucket); block_m defaults to what `build_tile_plan` picks for one query per stream."""
         rows = group * min(max_queries, streams_per_tile or max_queries)
@@ -101,20 +106,29 @@ class TilePlan:
         per_tile = min(members, streams_per_tile or members)
         tiles, depth = -(-max_queries // per_tile), max(len(layout.ancestors(s)) for s in range(len(layout.segments)))
         ranges = max_queries * depth  # each query adds at most its segment and its ancestors
-        plan = cls(torch.full((tiles, members), -1, dtype=torch.int32), torch.zeros(tiles + 1, dtype=torch.int32),
-                   torch.zeros(ranges, 4, dtype=torch.int32), torch.zeros(ranges, members, dtype=torch.int32),
-                   block_m, group, members * depth)  # fmt: skip
+        plan = cls(
+            torch.full((tiles, members), -1, dtype=torch.int32),
+            torch.zeros(tiles + 1, dtype=torch.int32),
+            torch.zeros(ranges, 4, dtype=torch.int32),
+            torch.zeros(ranges, members, dtype=torch.int32),
+            block_m,
+            group,
+            members * depth,
+        )
         return plan.to(device)
 
     def fill_(self, plan: TilePlan) -> TilePlan:
         """Overwrite these buffers in place with `plan` (same block_m and group, no more tiles or ranges)."""
         if (plan.block_m, plan.group) != (self.block_m, self.group):
-            raise ValueError(f"plan has block_m={plan.block_m}, group={plan.group}; the buffers {self.block_m}, "
-                             f"{self.group}")  # fmt: skip
+            raise ValueError(
+                f"plan has block_m={plan.block_m}, group={plan.group}; the buffers {self.block_m}, {self.group}"
+            )
         tiles, ranges = plan.num_tiles, plan.ranges.shape[0]
         if tiles > self.num_tiles or ranges > self.ranges.shape[0]:
-            raise ValueError(f"plan needs {tiles} tiles and {ranges} ranges; the buffers hold "
-                             f"{self.num_tiles} and {self.ranges.shape[0]}")  # fmt: skip
+            raise ValueError(
+                f"plan needs {tiles} tiles and {ranges} ranges; the buffers hold "
+                f"{self.num_tiles} and {self.ranges.shape[0]}"
+            )
         self.tile_query[:tiles].copy_(plan.tile_query)
         self.tile_query[tiles:].fill_(-1)
         self.range_ptr[: tiles + 1].copy_(plan.range_ptr)
@@ -129,10 +143,15 @@ class TilePlan:
 
 
 def build_tile_plan(
-    layout: Layout, q_slot: torch.Tensor, group: int, block_m: int | None = None,
-    streams_per_tile: int | None = None, device: torch.device | str | None = None,
-    skip: tuple[CausalRun, ...] = (), part: str = "all",
-) -> TilePlan:  # fmt: skip
+    layout: Layout,
+    q_slot: torch.Tensor,
+    group: int,
+    block_m: int | None = None,
+    streams_per_tile: int | None = None,
+    device: torch.device | str | None = None,
+    skip: tuple[CausalRun, ...] = (),
+    part: str = "all",
+) -> TilePlan:
     """Plan the row tiles of a forward over the queries written at `q_slot` ([N] int, any device).
 
     group: query heads per KV head.  block_m: rows per tile (default: 64, or the smallest
@@ -143,6 +162,8 @@ def build_tile_plan(
         segment (a document); "own" only the others (a stream's question and answer), in tiles of
         `streams_per_tile` queries.  The two parts' partial outputs merge as KV splits do (stream-major
         layouts: every segment a slot range).
+    Raises ValueError for an unknown `part`, a shared or own part of a layout with strided segments, or a
+    `block_m` that is not a power of two in [max(16, group), MAX_BLOCK_M].
     """
     if part not in ("all", "shared", "own"):
         raise ValueError(f"part must be 'all', 'shared' or 'own', got {part!r}")
@@ -200,8 +221,16 @@ def segment_table(layout: Layout) -> SegmentTable | None:
     return got
 
 
-def _plan_arrays(table: SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_seg: np.ndarray, per_tile: int,
-                 block_m: int, group: int, part: str = "all") -> TilePlan:  # fmt: skip
+def _plan_arrays(
+    table: SegmentTable,
+    order: np.ndarray,
+    q_slot: np.ndarray,
+    q_seg: np.ndarray,
+    per_tile: int,
+    block_m: int,
+    group: int,
+    part: str = "all",
+) -> TilePlan:
     """`_group_queries` and `_tile_ranges` over whole arrays, for layouts whose segments are slot ranges: the
     queries `order` cut into tiles of `per_tile`; per tile the ranges of its members' chains, a segment clipped
     at its last member's slot unless a member sees it whole, chains down the tree merged, and each member's
@@ -232,8 +261,12 @@ def _plan_arrays(table: SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_s
     srt = np.lexsort((start, k_tile))
     k_tile, k_seg, start, stop, clip = k_tile[srt], k_seg[srt], start[srt], stop[srt], clip[srt]
     joins = np.zeros(len(srt), dtype=bool)  # the next segment down the chain, right after the range before it
-    joins[1:] = ((k_tile[1:] == k_tile[:-1]) & (clip[:-1] == -1) & (start[1:] == stop[:-1])
-                 & (table.parent[k_seg[1:]] == k_seg[:-1]))  # fmt: skip
+    joins[1:] = (
+        (k_tile[1:] == k_tile[:-1])
+        & (clip[:-1] == -1)
+        & (start[1:] == stop[:-1])
+        & (table.parent[k_seg[1:]] == k_seg[:-1])
+    )
     merged = np.cumsum(~joins) - 1
     firsts = np.flatnonzero(~joins)
     lasts = np.r_[firsts, len(srt)][1:] - 1
@@ -246,11 +279,19 @@ def _plan_arrays(table: SegmentTable, order: np.ndarray, q_slot: np.ndarray, q_s
     tile_query = np.full((n_tiles, width), -1, dtype=np.int64)
     tile_query[tile, local] = order
     as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32))  # noqa: E731
-    return TilePlan(as_int32(tile_query), as_int32(np.r_[0, np.cumsum(counts)]), as_int32(ranges),
-                    as_int32(limits), block_m, group, max(int(counts.max(initial=0)), 1))  # fmt: skip
+    return TilePlan(
+        as_int32(tile_query),
+        as_int32(np.r_[0, np.cumsum(counts)]),
+        as_int32(ranges),
+        as_int32(limits),
+        block_m,
+        group,
+        max(int(counts.max(initial=0)), 1),
+    )
 
 
 def _block_m(group: int, block_m: int | None) -> int:
+    """`block_m`, or the default for `group` (64, or the group's power of two); ValueError where it cannot serve."""
     block_m = block_m or max(64, triton.next_power_of_2(group))
     if group > MAX_BLOCK_M:
         raise ValueError(f"{group} query heads per KV head exceed the kernel's {MAX_BLOCK_M} rows per tile")
@@ -263,8 +304,9 @@ def _dot_rows(rows: int) -> int:
     return max(MIN_DOT_ROWS, triton.next_power_of_2(rows))
 
 
-def _group_queries(q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None,
-                   planned: np.ndarray) -> list[list[int]]:  # fmt: skip
+def _group_queries(
+    q_seg: np.ndarray, per_tile: int, streams_per_tile: int | None, planned: np.ndarray
+) -> list[list[int]]:
     """The planned queries in pre-order of their segment (so one subtree's streams share tiles), cut into tiles."""
     tiles, members, segs = [], [], set()
     order = np.argsort(q_seg, kind="stable")
@@ -352,5 +394,12 @@ def _pack(tiles: list[list[int]], ranges: list[tuple], block_m: int, group: int)
     flat = np.concatenate([r for r, _ in ranges]) if ranges else np.zeros((0, 4))
     limits = np.concatenate([lim for _, lim in ranges]) if ranges else np.zeros((0, width))
     as_int32 = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(torch.int32)  # noqa: E731
-    return TilePlan(tile_query, counts.cumsum(0).to(torch.int32), as_int32(flat), as_int32(limits), block_m, group,
-                    max(int(counts.max()), 1))  # fmt: skip
+    return TilePlan(
+        tile_query,
+        counts.cumsum(0).to(torch.int32),
+        as_int32(flat),
+        as_int32(limits),
+        block_m,
+        group,
+        max(int(counts.max()), 1),
+    )

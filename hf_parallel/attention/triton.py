@@ -1,10 +1,11 @@
-"""Triton stream-id attention: the backend, and the launcher of the kernel in `hf_parallel.triton_kernels`.
+"""Triton stream-id attention: the backend, and the launcher of `hf_parallel.kernels.stream_attention`.
 
 `TritonBackend.plan` builds the forward's tile plan (which KV slot ranges each row tile
 visits) once on the host; every layer's launch reuses it.  A captured decode step keeps
 its tile plan in preallocated buffers (`TritonStaticPlan`), rewritten when streams leave.
 A prefill forward's document tokens see an ordinary causal prefix: there PyTorch's causal
 SDPA (flash attention on the GPU) serves them, and the kernel the rest of the forward.
+The launcher (`stream_attention`) refuses, by name, inputs the kernel would compute wrongly.
 """
 
 from __future__ import annotations
@@ -54,13 +55,18 @@ class TritonPlan(AttentionPlan):
 
 
 class TritonStaticPlan:
-    """A captured step's tile plan in buffers sized for `bucket` queries, refilled when streams leave."""
+    """A captured step's tile plan in buffers sized for `bucket` queries, refilled when streams leave.
+
+    `plan` builds the captured forward's plan over the buffers (q_slot: [bucket] int64, the step's static slot
+    buffer); `update` rewrites them on the host and raises ValueError when the live streams need more ranges
+    than they hold (capture again)."""
 
     def __init__(self, backend: TritonBackend, row: Row, bucket: int):
         self.bucket, self.streams_per_tile = bucket, backend.streams_per_tile
         self.split = backend.splits(row)
-        self.tiles = TilePlan.allocate(row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile,
-                                       device=row.device)  # fmt: skip
+        self.tiles = TilePlan.allocate(
+            row.layout, bucket, row.group, streams_per_tile=self.streams_per_tile, device=row.device
+        )
         self.own = None
         if self.split:
             spt = own_streams_per_tile(row.group)
@@ -70,7 +76,7 @@ class TritonStaticPlan:
         return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles, own_tiles=self.own)
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
-        """Raises ValueError when the live streams need more ranges than the buffers hold (capture again)."""
+        """Rewrite the buffers for the streams live at `q_slot` [bucket]; ValueError when they cannot hold them."""
         part = "shared" if self.split else "all"
         host = q_slot.cpu()  # once for both plans: the planners read the slots on the host
         tiles = build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
@@ -92,17 +98,18 @@ class TritonBackend(AttentionBackend):
         rows, not every row of a packed tile; their partial outputs merge by log-sum-exp.  "overlap" runs the
         second launch on a second CUDA stream beside the first, "serial" after it.  "auto" (the default):
         "overlap" where own keys are many and packed tiles wide, that is answers of at least
-        `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head (CodeLlama-7B's shape, 8k x 128
-        questions x 1,024 tokens: 1.11x; a corpus with answers of up to 512 tokens: 1.25x), else None (one plan:
-        128-token answers ran 0-4% slower split, and Qwen2.5-7B's 7 query heads per KV head 2% slower at
-        1,024 tokens; docs/benchmarks.md).
+        `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head, else None (one plan: with short
+        answers or many query heads per KV head the second launch costs more than it saves; docs/benchmarks.md,
+        "Own keys in tiles of their own").
+    Raises ValueError for a `streams_per_tile` below 1 or an unknown `own_tiles`.
     """
 
     name = "hf_parallel_triton"
-    prefill_chunk = 8192  # no mask to bound it, and fewer forwards cost less host time (benchmarked)
+    prefill_chunk = 8192  # no dense mask to bound it, and fewer forwards cost less host time
 
-    def __init__(self, streams_per_tile: int | None = None, causal_prefill: bool = True,
-                 own_tiles: str | None = "auto"):  # fmt: skip
+    def __init__(
+        self, streams_per_tile: int | None = None, causal_prefill: bool = True, own_tiles: str | None = "auto"
+    ):
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
         if own_tiles not in ("auto", "overlap", "serial", None):
@@ -110,10 +117,22 @@ class TritonBackend(AttentionBackend):
         self.streams_per_tile, self.causal_prefill, self.own_tiles = streams_per_tile, causal_prefill, own_tiles
 
     def attention(
-        self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
-        softcap=None, pp_plan: TritonPlan | None = None, **kwargs,
-    ) -> tuple[torch.Tensor, None]:  # fmt: skip
-        """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D]."""
+        self,
+        module,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=None,
+        dropout=0.0,
+        sliding_window=None,
+        softcap=None,
+        pp_plan: TritonPlan | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        """HF attention-interface function.  query [1, H, N, D]; key, value [1, H_kv, S, D] -> [1, N, H, D].
+
+        Refuses what `check_attention_call` refuses, and a plan without tiles (ValueError)."""
         check_attention_call(module, query, attention_mask, dropout, pp_plan, kwargs)
         pp_plan = plan_on(pp_plan, query.device)
         if getattr(pp_plan, "tiles", None) is None:
@@ -121,30 +140,39 @@ class TritonBackend(AttentionBackend):
         sinks = kwargs.get("s_aux")
         overlap = self.own_tiles != "serial"
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
-            out = _compiled_stream_attention(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks,
-                                             overlap)  # fmt: skip
+            out = _compiled_stream_attention(
+                query, key, value, pp_plan, scaling, sliding_window, softcap, sinks, overlap
+            )
             return out, None
         return self._attend(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks, overlap), None
 
     @staticmethod
-    def _attend(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap,
-                runs: bool = True) -> torch.Tensor:  # fmt: skip
+    def _attend(
+        query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap, runs: bool = True
+    ) -> torch.Tensor:
         """The layer's attention over `plan` (runs=False: its causal runs left out, so only the kernel's launches)."""
         if plan.runs and window is None and softcap is None and sinks is None:
             return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
-        return stream_attention(query, key, value, plan, plan.tiles, scaling, window, softcap, sinks,
-                                own=plan.own_tiles, overlap=overlap)  # fmt: skip
+        return stream_attention(
+            query, key, value, plan, plan.tiles, scaling, window, softcap, sinks, own=plan.own_tiles, overlap=overlap
+        )
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         host = q_slot.cpu()  # once for every planner below, which read the slots on the host
         args = (row.layout, host, row.group, None, self.streams_per_tile, row.device)
         if self.splits(row) and _one_query_per_stream(row.layout, host):
-            return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args, part="shared"),
-                                        own_tiles=own_plan(row, host, device=row.device))  # fmt: skip
+            return TritonPlan.for_slots(
+                q_slot,
+                row.ids,
+                kv_len,
+                tiles=build_tile_plan(*args, part="shared"),
+                own_tiles=own_plan(row, host, device=row.device),
+            )
         runs = causal_runs(row.layout, host) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
-        return TritonPlan.for_slots(q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs,
-                                    run_tiles=run_tiles)  # fmt: skip
+        return TritonPlan.for_slots(
+            q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs, run_tiles=run_tiles
+        )
 
     def prebuild(self, plan: TritonPlan, calls: list[AttentionCall]) -> list[Future]:
         """Each kernel the forward over `plan` launches that this process has not built, built on a thread of its
@@ -157,8 +185,9 @@ class TritonBackend(AttentionBackend):
             return []
         with prebuild.collecting() as launches:
             for call in calls:
-                query = torch.empty(1, plan.q_slot.numel(), call.heads, call.head_dim, dtype=call.dtype,
-                                    device=device).transpose(1, 2)  # fmt: skip
+                query = torch.empty(
+                    1, plan.q_slot.numel(), call.heads, call.head_dim, dtype=call.dtype, device=device
+                ).transpose(1, 2)
                 kv = query.new_empty(1, call.kv_heads, 1, call.head_dim).expand(-1, -1, plan.kv_len, -1)
                 sinks = query.new_zeros(call.heads, dtype=torch.float32) if call.sinks else None
                 self._attend(query, kv, kv, plan, None, call.window, call.softcap, sinks, overlap=False, runs=False)
@@ -186,8 +215,7 @@ def own_streams_per_tile(group: int) -> int:
 
 def own_plan(row: Row, q_slot: torch.Tensor, block_m: int | None = None, device=None) -> TilePlan:
     """The own part's tile plan of a decode forward over `row` (`TritonBackend(own_tiles=...)`)."""
-    return build_tile_plan(row.layout, q_slot, row.group, block_m, own_streams_per_tile(row.group), device,
-                           part="own")  # fmt: skip
+    return build_tile_plan(row.layout, q_slot, row.group, block_m, own_streams_per_tile(row.group), device, part="own")
 
 
 def _one_query_per_stream(layout, q_slot: torch.Tensor) -> bool:
@@ -213,8 +241,9 @@ def _stream_attention_op(
     tiles = TilePlan(tile_query, range_ptr, ranges, limits, block_m, group, max_tile_ranges)
     own = (own_tile_query, own_range_ptr, own_ranges, own_limits)
     own_tiles = TilePlan(*own, own_block_m, group, own_max_tile_ranges) if own_tile_query is not None else None
-    return stream_attention(query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks,
-                            own=own_tiles, overlap=overlap)  # fmt: skip
+    return stream_attention(
+        query, key, value, plan, tiles, scaling, window or None, softcap or None, sinks, own=own_tiles, overlap=overlap
+    )
 
 
 @_stream_attention_op.register_fake
@@ -225,19 +254,37 @@ def _(query, key, value, *args):
 def _compiled_stream_attention(query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap):
     ids, tiles, own = plan.ids, plan.tiles, plan.own_tiles
     return _stream_attention_op(
-        query, key, value, plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end,
-        ids.seg_stop, tiles.tile_query, tiles.range_ptr, tiles.ranges, tiles.limits, tiles.block_m, tiles.group,
-        tiles.max_tile_ranges, scaling if scaling is not None else query.shape[-1] ** -0.5,
-        window or 0, softcap or 0.0,
+        query,
+        key,
+        value,
+        plan.q_slot,
+        plan.q_seg,
+        plan.q_pos,
+        ids.slot_seg,
+        ids.slot_pos,
+        ids.seg_end,
+        ids.seg_stop,
+        tiles.tile_query,
+        tiles.range_ptr,
+        tiles.ranges,
+        tiles.limits,
+        tiles.block_m,
+        tiles.group,
+        tiles.max_tile_ranges,
+        scaling if scaling is not None else query.shape[-1] ** -0.5,
+        window or 0,
+        softcap or 0.0,
         sinks,
         *((own.tile_query, own.range_ptr, own.ranges, own.limits) if own is not None else (None,) * 4),
-        own.block_m if own is not None else 0, own.max_tile_ranges if own is not None else 0, overlap,
-    )  # fmt: skip
+        own.block_m if own is not None else 0,
+        own.max_tile_ranges if own is not None else 0,
+        overlap,
+    )
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch parameters (defaults from `default_config`; eval/gpu_kernel_check.py sweeps them)."""
+    """Launch parameters of the kernel (defaults from `default_config`)."""
 
     block_n: int  # keys per KV tile
     num_splits: int  # KV splits per row tile (flash-decoding); 1 = write the output directly
@@ -247,9 +294,10 @@ class KernelConfig:
 
 
 def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> KernelConfig:
-    """64-key tiles 3 stages deep (16-bit, head dim <= 128; the best of eval/gpu_kernel_check.py's sweep for
-    decode and prefill alike, docs/benchmarks.md), and KV splits until the grid fills the GPU twice over: one
-    wave of 64-row tiles, two of whose programs an H100 or H200 SM holds at once (eval/kernel_resources.py)."""
+    """The launch of `tiles` over `key` [1, H_kv, S, D]: 64-key tiles 3 stages deep for 16-bit inputs of head dim
+    <= 128 (32-key tiles, 2 stages, for fp32 or wider heads), and on CUDA KV splits until the grid holds twice as
+    many programs as the GPU has SMs (at most `MAX_SPLITS`, each split at least 4 KV tiles): one wave where an SM
+    holds two programs (docs/benchmarks.md, "The kernel alone")."""
     wide = query.dtype == torch.float32 or triton.next_power_of_2(query.shape[-1]) > 128
     block_n, stages = (32, 2) if wide else (64, 3)  # fp32 or head dim 256: registers and shared memory
     splits = 1
@@ -261,19 +309,28 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 
 
 def own_launch_config(query: torch.Tensor, key: torch.Tensor, own: TilePlan) -> KernelConfig:
-    """The own plan's launch (`TritonBackend(own_tiles=...)`): `default_config`'s.  Wider launches (2 KV splits,
-    8 warps) were up to 6% faster in eval/gpu_kernel_check.py's `--own` sweep but 3-6% slower end to end
-    (eval/bench.py's `pp_own_launch_wide`, docs/benchmarks.md)."""
+    """The own plan's launch (`TritonBackend(own_tiles=...)`): `default_config`'s, since a wider one is slower end
+    to end (docs/benchmarks.md, "Own keys in tiles of their own")."""
     return default_config(query, key, own)
 
 
 def stream_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: AttentionPlan, tiles: TilePlan,
-    scaling: float | None = None, sliding_window: int | None = None, softcap: float | None = None,
-    sinks: torch.Tensor | None = None, config: KernelConfig | None = None, out: torch.Tensor | None = None,
-    runs: tuple[CausalRun, ...] = (), own: TilePlan | None = None, overlap: bool = False,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: AttentionPlan,
+    tiles: TilePlan,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+    out: torch.Tensor | None = None,
+    runs: tuple[CausalRun, ...] = (),
+    own: TilePlan | None = None,
+    overlap: bool = False,
     own_config: KernelConfig | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Run the kernel.  query [1, H, N, D]; key, value [1, H_kv, kv_len, D] -> out [1, N, H, D] (new if None;
     a forward of one run alone, a chunk of one document, returns SDPA's output as it is, a transposed view).
 
@@ -284,6 +341,9 @@ def stream_attention(
     part), launched after `tiles` (`overlap`: beside it, on a second CUDA stream), its partial outputs
     merged with the first's (`own_config`: its launch config, by default `own_launch_config`'s, with `config`'s
     KV tiles and stages where `config` is given).
+    Raises ValueError, TypeError or RuntimeError, naming the problem, for inputs the kernel would compute wrongly
+    or read out of bounds (shapes, dtypes, strides, devices, the plan's size), and ValueError for causal runs
+    beside a sliding window, a softcap or sinks.
     """
     _check_inputs(query, key, value, plan, tiles)
     if own is not None:
@@ -304,8 +364,9 @@ def stream_attention(
     if own is not None and own_cfg is None:
         own_cfg = own_launch_config(query, key, own)
         if config is not None:  # the given KV tiles and stages for both plans
-            own_cfg = KernelConfig(config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages,
-                                   config.whole_blocks)  # fmt: skip
+            own_cfg = KernelConfig(
+                config.block_n, own_cfg.num_splits, own_cfg.num_warps, config.num_stages, config.whole_blocks
+            )
     splits = cfg.num_splits + (own_cfg.num_splits if own_cfg is not None else 0)
     out = torch.empty(1, n, heads, dim, dtype=query.dtype, device=query.device) if out is None else out
     part_o = torch.empty(splits, n, heads, dim, dtype=torch.float32, device=query.device) if splits > 1 else out
@@ -365,9 +426,23 @@ def _attention_stream(device: torch.device) -> torch.cuda.Stream:
 _STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles: TilePlan, cfg: KernelConfig,
-            to_parts: bool, scaling: float, softcap: float | None, window: int | None, sinks,
-            split_offset: int = 0) -> None:  # fmt: skip
+def _launch(
+    query,
+    key,
+    value,
+    out,
+    part_o,
+    part_lse,
+    plan: AttentionPlan,
+    tiles: TilePlan,
+    cfg: KernelConfig,
+    to_parts: bool,
+    scaling: float,
+    softcap: float | None,
+    window: int | None,
+    sinks,
+    split_offset: int = 0,
+) -> None:
     """One launch of the kernel over `tiles`: into `out`, or (to_parts) its cfg.num_splits partial outputs, from
     partial output `split_offset` on."""
     _, heads, n, dim = query.shape
@@ -394,21 +469,28 @@ def _launch(query, key, value, out, part_o, part_lse, plan: AttentionPlan, tiles
 def _check_inputs(query, key, value, plan: AttentionPlan, tiles: TilePlan) -> None:
     """Refuse, by name, what the kernel would compute wrongly or read out of bounds."""
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or query.shape[0] != 1:
-        raise ValueError(f"expected query [1, H, N, D] and key/value [1, H_kv, S, D]; got "
-                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")  # fmt: skip
+        raise ValueError(
+            f"expected query [1, H, N, D] and key/value [1, H_kv, S, D]; got "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
     if query.dtype not in DTYPES or key.dtype != query.dtype or value.dtype != query.dtype:
-        raise TypeError(f"Triton attention takes one of {DTYPES} for q, k and v; got "
-                        f"{query.dtype}, {key.dtype}, {value.dtype}")  # fmt: skip
+        raise TypeError(
+            f"Triton attention takes one of {DTYPES} for q, k and v; got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
     if key.shape != value.shape or key.shape[-1] != query.shape[-1] or query.shape[-1] > MAX_HEAD_DIM:
-        raise ValueError(f"key/value {tuple(key.shape)} must match each other and query's head dim "
-                         f"{query.shape[-1]} (at most {MAX_HEAD_DIM})")  # fmt: skip
+        raise ValueError(
+            f"key/value {tuple(key.shape)} must match each other and query's head dim "
+            f"{query.shape[-1]} (at most {MAX_HEAD_DIM})"
+        )
     if query.shape[1] != key.shape[1] * tiles.group:
         raise ValueError(f"{query.shape[1]} query heads / {key.shape[1]} KV heads != the plan's group {tiles.group}")
     if any(t.stride(-1) != 1 for t in (query, key, value)):
         raise ValueError("Triton attention needs unit stride along the head dim of q, k and v")
     if query.shape[2] != plan.q_slot.numel() or key.shape[2] > plan.ids.slot_seg.numel():
-        raise ValueError(f"{query.shape[2]} queries / {key.shape[2]} keys do not fit the plan "
-                         f"({plan.q_slot.numel()} queries, {plan.ids.slot_seg.numel()} slots)")  # fmt: skip
+        raise ValueError(
+            f"{query.shape[2]} queries / {key.shape[2]} keys do not fit the plan "
+            f"({plan.q_slot.numel()} queries, {plan.ids.slot_seg.numel()} slots)"
+        )
     ids = plan.ids
     index = (plan.q_slot, plan.q_seg, plan.q_pos, ids.slot_seg, ids.slot_pos, ids.seg_end, ids.seg_stop)
     if any(not t.is_contiguous() for t in index):
@@ -429,6 +511,8 @@ def interpreter_problem() -> str | None:
     one-element array to an integer, which Triton's interpreter before 3.7 does for every loop bound that is a
     tensor (triton-lang/triton#9171): the kernel would fail deep inside it."""
     if Version(triton.__version__).release < (3, 7) and Version(np.__version__).release >= (2, 4):
-        return (f"Triton {triton.__version__}'s interpreter cannot run the kernel under NumPy {np.__version__} "
-                "(triton-lang/triton#9171): install numpy<2.4 or triton>=3.7")  # fmt: skip
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run the kernel under NumPy {np.__version__} "
+            "(triton-lang/triton#9171): install numpy<2.4 or triton>=3.7"
+        )
     return None

@@ -23,14 +23,22 @@ from transformers.generation import logits_process
 from transformers.utils import logging
 
 # processors that hold their prompt's tokens or hand the row's batch index to user code: one group per prompt
-HOLDS_PROMPT = tuple(getattr(logits_process, name) for name in (
-    "EncoderRepetitionPenaltyLogitsProcessor", "EncoderNoRepeatNGramLogitsProcessor",
-    "PrefixConstrainedLogitsProcessor",
-))  # fmt: skip
+HOLDS_PROMPT = tuple(
+    getattr(logits_process, name)
+    for name in (
+        "EncoderRepetitionPenaltyLogitsProcessor",
+        "EncoderNoRepeatNGramLogitsProcessor",
+        "PrefixConstrainedLogitsProcessor",
+    )
+)
 # processors that keep state across calls on fixed batch rows (one call per step, rows never leaving)
-STATEFUL = tuple(getattr(logits_process, name) for name in (
-    "UnbatchedClassifierFreeGuidanceLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor",
-))  # fmt: skip
+STATEFUL = tuple(
+    getattr(logits_process, name)
+    for name in (
+        "UnbatchedClassifierFreeGuidanceLogitsProcessor",
+        "SynthIDTextWatermarkLogitsProcessor",
+    )
+)
 
 
 @dataclass
@@ -97,19 +105,27 @@ class GenerateRequest:
 
         ids = torch.as_tensor(prompt, dtype=torch.long, device=model.device)[None]
         with _quiet(quiet):  # generate's warnings once per call, not once per prompt length
-            model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=self.generation_config,
-                           logits_processor=LogitsProcessorList(self.logits_processor),
-                           stopping_criteria=StoppingCriteriaList(self.stopping_criteria),
-                           prefix_allowed_tokens_fn=self.prefix_allowed_tokens_fn, custom_generate=decoding_loop,
-                           **self.kwargs)  # fmt: skip
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=self.generation_config,
+                logits_processor=LogitsProcessorList(self.logits_processor),
+                stopping_criteria=StoppingCriteriaList(self.stopping_criteria),
+                prefix_allowed_tokens_fn=self.prefix_allowed_tokens_fn,
+                custom_generate=decoding_loop,
+                **self.kwargs,
+            )
         self._warned |= not quiet
         if not box:
-            raise NotImplementedError("model.generate did not reach its decoding loop with these options "
-                                      "(cache_implementation='paged' hands it to continuous batching)")  # fmt: skip
+            raise NotImplementedError(
+                "model.generate did not reach its decoding loop with these options "
+                "(cache_implementation='paged' hands it to continuous batching)"
+            )
         stateful = [type(p).__name__ for p in box["processors"] if type(p) in STATEFUL]
         if stateful:
-            raise NotImplementedError(f"{stateful[0]} keeps state over fixed batch rows; parallel generation "
-                                      "does not support it")  # fmt: skip
+            raise NotImplementedError(
+                f"{stateful[0]} keeps state over fixed batch rows; parallel generation does not support it"
+            )
         criteria = box["criteria"] + ([self.stop_criterion] if self.stop_criterion is not None else [])
         return Prepared(box["processors"], criteria, box["config"], len(prompt))
 

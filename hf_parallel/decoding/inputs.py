@@ -77,8 +77,10 @@ def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and len(tokens) + room > limit:
         extra = f"; with max_new_tokens={room} it" if room else ", which"
-        raise ValueError(f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
-                         "(max_position_embeddings)")  # fmt: skip
+        raise ValueError(
+            f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
+            "(max_position_embeddings)"
+        )
 
 
 def eos_token_ids(model: PreTrainedModel, tokenizer) -> list[int]:

@@ -18,8 +18,8 @@ class allows; subclasses and unknown classes take the last way, exact by constru
            (of one prompt, where a processor holds it), that group's own instance on its exact history
            (where one group holds every live row, on the scores themselves: no gather and scatter).
 
-The padded ways were verified bit-exact against each prompt alone on transformers 5.17 and 5.24
-(tests/test_generation_options.py checks them against `model.generate`).
+The padded ways give each row exactly the scores of its prompt alone (tests/test_generation_options.py
+checks them against `model.generate`).
 """
 
 from __future__ import annotations
@@ -38,22 +38,38 @@ from .generate_request import Prepared
 from .options import GenerationOptions
 
 BIG = 2**31 - 1  # the left pad of the "big" history: clamped to a dummy row by StopString, matched by no n-gram
-_SHAPE = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "TopHLogitsWarper", "MinPLogitsWarper",
-          "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper", "SuppressTokensLogitsProcessor",
-          "InfNanRemoveLogitsProcessor", "LogitNormalization")  # fmt: skip
+_SHAPE = (
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "TopHLogitsWarper",
+    "MinPLogitsWarper",
+    "TypicalLogitsWarper",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "SuppressTokensLogitsProcessor",
+    "InfNanRemoveLogitsProcessor",
+    "LogitNormalization",
+)
 WAYS = {
     **{getattr(lp, name): "shape" for name in _SHAPE if hasattr(lp, name)},
     lp.RepetitionPenaltyLogitsProcessor: "self",
-    lp.NoRepeatNGramLogitsProcessor: "big", lp.SequenceBiasLogitsProcessor: "big",
-    lp.NoBadWordsLogitsProcessor: "big", sc.StopStringCriteria: "big",
-    sc.EosTokenCriteria: "last", sc.MaxTimeCriteria: "last",
-}  # fmt: skip
+    lp.NoRepeatNGramLogitsProcessor: "big",
+    lp.SequenceBiasLogitsProcessor: "big",
+    lp.NoBadWordsLogitsProcessor: "big",
+    sc.StopStringCriteria: "big",
+    sc.EosTokenCriteria: "last",
+    sc.MaxTimeCriteria: "last",
+}
 # classes that read only the history's length: the attribute holding their (absolute) length limit
 LENGTH_LIMIT = {
-    lp.MinLengthLogitsProcessor: "min_length", lp.MinNewTokensLengthLogitsProcessor: "prompt_length_to_skip",
-    lp.SuppressTokensAtBeginLogitsProcessor: "begin_index", lp.ExponentialDecayLengthPenalty: "regulation_start",
-    lp.ForcedEOSTokenLogitsProcessor: "max_length", sc.MaxLengthCriteria: "max_length",
-}  # fmt: skip
+    lp.MinLengthLogitsProcessor: "min_length",
+    lp.MinNewTokensLengthLogitsProcessor: "prompt_length_to_skip",
+    lp.SuppressTokensAtBeginLogitsProcessor: "begin_index",
+    lp.ExponentialDecayLengthPenalty: "regulation_start",
+    lp.ForcedEOSTokenLogitsProcessor: "max_length",
+    sc.MaxLengthCriteria: "max_length",
+}
 
 
 class Stage(NamedTuple):

@@ -1,4 +1,10 @@
-"""Generation options: one dataclass; `model.generate`'s options (but beam search) plus hf_parallel's own."""
+"""Generation options: one dataclass; `model.generate`'s options (but beam search) plus hf_parallel's own.
+
+`GenerationOptions.resolve` merges a call's options as generate merges them and refuses, by name, what
+parallel generation does not do: a TypeError for an unknown option or a value of the wrong type, a ValueError
+for an out-of-range one, NotImplementedError for what it does not support (a decoding method other than greedy
+decoding or sampling, an assistant model, a streamer, extra outputs).
+"""
 
 from __future__ import annotations
 
@@ -20,12 +26,28 @@ GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteri
 CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
 # options that choose a decoding method other than greedy decoding or sampling: name -> the value that does not
 OTHER_METHODS = {
-    "num_beams": 1, "num_beam_groups": 1, "constraints": None, "force_words_ids": None, "guidance_scale": 1,
-    "dola_layers": None, "prompt_lookup_num_tokens": None, "assistant_early_exit": None, "use_mtp": False,
-    "token_healing": False, "penalty_alpha": 0,
-}  # fmt: skip
-REFUSED_ARGUMENTS = ("assistant_model", "assistant_tokenizer", "negative_prompt_ids", "negative_prompt_attention_mask",
-                     "streamer", "synced_gpus", "custom_generate", "trust_remote_code")  # fmt: skip
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "constraints": None,
+    "force_words_ids": None,
+    "guidance_scale": 1,
+    "dola_layers": None,
+    "prompt_lookup_num_tokens": None,
+    "assistant_early_exit": None,
+    "use_mtp": False,
+    "token_healing": False,
+    "penalty_alpha": 0,
+}
+REFUSED_ARGUMENTS = (
+    "assistant_model",
+    "assistant_tokenizer",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+    "streamer",
+    "synced_gpus",
+    "custom_generate",
+    "trust_remote_code",
+)
 OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
@@ -50,11 +72,11 @@ class GenerationOptions:
     cuda_graphs:       capture the decode step once per bucket of live streams and replay it (CUDA only).
     compile:           "auto" (default): where decode steps are captured (CUDA), the decoder layers' norms
                        and rotary embedding through `torch.compile`, one graph per norm class and one for
-                       the rotary function, reused by every layer (a few seconds, once per process);
+                       the rotary function, reused by every layer (compiled once per process);
                        elsewhere nothing compiled.
                        "layers": the same on any device.  True: the whole model's decode step compiled
-                       (the attention kernel an opaque op; a call compiles at most three graphs, tens of
-                       seconds for a 7B model in a fresh process).  False: nothing compiled.
+                       (the attention kernel an opaque op; a call compiles at most three graphs, each
+                       tracing every layer: a long first call).  False: nothing compiled.
     max_memory:        the memory the call's row may take (bytes or a string such as "40GiB"); None = what
                        the device has free.  Work that does not fit is admitted as room frees up.
     refill:            admit waiting prompts into the room finished streams free while the others decode
@@ -84,22 +106,27 @@ class GenerationOptions:
         if requested is not None and requested < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {requested}")
         if isinstance(self.attn, str) and self.attn != "auto" and self.attn not in BACKENDS:
-            raise ValueError(f"unknown attention path {self.attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
-                             "or pass an AttentionBackend")  # fmt: skip
+            raise ValueError(
+                f"unknown attention path {self.attn!r}; choose 'auto', one of {sorted(BACKENDS)}, "
+                "or pass an AttentionBackend"
+            )
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
 
     @classmethod
     def resolve(cls, model: PreTrainedModel, **user) -> GenerationOptions:
-        """`user`'s options over `model`'s generation config, merged and validated by generate itself."""
+        """`user`'s options over `model`'s generation config, merged and validated by generate itself; refuses as the
+        module docstring says (stop_strings without a tokenizer: ValueError)."""
         opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
         _default_length(model, opts.request)
         opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
         config = opts.request.config(model)
         mode = config.get_generation_mode()
         if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
-            raise NotImplementedError(f"{mode.value} is not supported by parallel generation (only greedy "
-                                      f"decoding and sampling); the merged config sets {_methods(config)}")  # fmt: skip
+            raise NotImplementedError(
+                f"{mode.value} is not supported by parallel generation (only greedy "
+                f"decoding and sampling); the merged config sets {_methods(config)}"
+            )
         return replace(opts, generation_config=config, max_new_tokens=config.max_new_tokens)
 
     @property
@@ -124,8 +151,10 @@ def _request(user: dict) -> GenerateRequest:
     unknown = sorted(k for k in user if k not in known)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
-        raise TypeError(f"unknown generation option{'s' if len(unknown) > 1 else ''} {names}; options are "
-                        f"GenerationConfig fields, {', '.join(GENERATE_ARGUMENTS + OWN)}")  # fmt: skip
+        raise TypeError(
+            f"unknown generation option{'s' if len(unknown) > 1 else ''} {names}; options are "
+            f"GenerationConfig fields, {', '.join(GENERATE_ARGUMENTS + OWN)}"
+        )
     kwargs = {k: v for k, v in user.items() if k in CONFIG_FIELDS}
     if "eos_token_id" in kwargs:
         kwargs["eos_token_id"] = _as_eos(kwargs["eos_token_id"])
@@ -141,8 +170,10 @@ def _refuse_other_methods(request: GenerateRequest) -> None:
     for source in sources:
         for name, neutral in OTHER_METHODS.items():
             if source.get(name) not in (None, neutral):
-                raise NotImplementedError(f"{name}={source[name]!r} is not supported by parallel generation (beam "
-                                          "search, contrastive, assisted and guided decoding are not)")  # fmt: skip
+                raise NotImplementedError(
+                    f"{name}={source[name]!r} is not supported by parallel generation (beam "
+                    "search, contrastive, assisted and guided decoding are not)"
+                )
 
 
 def _methods(config: GenerationConfig) -> str:
@@ -178,17 +209,29 @@ def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer)
     stop_strings = _stop_strings(model, request)
     if stop_strings is None:
         return None
-    request.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (see capture.py)
+    request.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (`generate_request`)
     if any(type(c) is StopStringCriteria for c in request.stopping_criteria):
         return None  # generate keeps the user's own in place of its default
     if tokenizer is None:
-        raise ValueError("stop_strings need the model's tokenizer: pass tokenizer=... to generate_tokens "
-                         "(generate_parallel passes its own)")  # fmt: skip
+        raise ValueError(
+            "stop_strings need the model's tokenizer: pass tokenizer=... to generate_tokens "
+            "(generate_parallel passes its own)"
+        )
     return StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
 
 
-MEMORY_UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30,
-         "TIB": 2**40}  # fmt: skip
+MEMORY_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_memory(value) -> int:
@@ -205,8 +248,17 @@ def parse_memory(value) -> int:
     raise TypeError(f"max_memory must be a number of bytes or a string such as '40GiB', got {type(value).__name__}")
 
 
-_INTS = ("max_new_tokens", "min_new_tokens", "max_length", "min_length", "top_k", "no_repeat_ngram_size",
-         "num_return_sequences", "seed", "prefill_chunk")  # fmt: skip
+_INTS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "max_length",
+    "min_length",
+    "top_k",
+    "no_repeat_ngram_size",
+    "num_return_sequences",
+    "seed",
+    "prefill_chunk",
+)
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
 _BOOLS = ("do_sample", "cuda_graphs", "refill", "progress")
 

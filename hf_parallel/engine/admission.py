@@ -5,7 +5,7 @@ once enough of the row is free (an eighth of its slots, or of its streams where 
 limit stopped the last admission: admitting for every finished stream would make every
 round a prefill round).  It then takes documents in order, each for as long as its prompts
 fit: a document continues after its resident prefix, its next prompt's question and answer
-room taking any free region (the row places them, `rowlayout.Forest`); a document that is
+room taking any free region (the row places them, `row.forest.Forest`); a document that is
 not resident starts only where the answer room of `SHARE` of its prompts stays free too,
 so that it is not left with room for one question; once one document cannot start, the
 documents after it wait (only resident ones go on), so a round does not try every waiting
@@ -31,8 +31,9 @@ class Admission:
     of each prompt; budget: the row's slots and most live streams.
     """
 
-    def __init__(self, prompts: list[list[int]], groups: list[list[int]], room: int, budget: RowBudget,
-                 refill: bool = True):  # fmt: skip
+    def __init__(
+        self, prompts: list[list[int]], groups: list[list[int]], room: int, budget: RowBudget, refill: bool = True
+    ):
         self.prompts, self.room, self.budget, self.refill = prompts, room, budget, refill
         self.forest = Forest(budget.capacity)
         self.waiting = deque(deque(g) for g in groups if g)

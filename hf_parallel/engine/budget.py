@@ -1,11 +1,11 @@
 """How much of a workload one packed row may hold: slots and live streams from a memory budget.
 
 The budget is the user's `max_memory`, or what the device has free (CUDA: `mem_get_info` plus
-the blocks PyTorch's caching allocator holds unused, plus a `Session`'s kept row, which the call
+the blocks PyTorch's caching allocator holds unused, plus a `RowKeeper`'s kept row, which the call
 reuses or frees; CPU: the available physical memory).  From it come the forward's working memory (hidden
 states and MLP activations of the largest forward, and the float32 logits and processed
 scores of every live stream) and the recurrent state of every live stream; the rest holds
-K/V slots at the bytes per slot the support probe measured.
+K/V slots at the bytes per slot the probe found (`Support.slot_bytes`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def free_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def row_budget(model: PreTrainedModel, support: Support, chunk: int, max_memory=None,
-               streams: int = MAX_STREAMS, kept: int = 0) -> RowBudget:  # fmt: skip
+def row_budget(
+    model: PreTrainedModel, support: Support, chunk: int, max_memory=None, streams: int = MAX_STREAMS, kept: int = 0
+) -> RowBudget:
     """The row that fits `max_memory` (bytes or "40GiB"; None: the device's free memory and the `kept` bytes of a
     session's row, which the call reuses or frees), for at most `streams` live streams (fewer when their working
     memory would take more than a quarter of the budget).
@@ -62,16 +63,20 @@ def row_budget(model: PreTrainedModel, support: Support, chunk: int, max_memory=
     work = _forward_bytes(model, chunk) + streams * per_stream
     capacity = (total - work) // max(support.slot_bytes, 1)
     if capacity < 2:
-        raise ValueError(f"max_memory of {size(total)} holds not even one short prompt: a forward of {chunk} tokens "
-                         f"needs about {size(work)} besides the cache")  # fmt: skip
+        raise ValueError(
+            f"max_memory of {size(total)} holds not even one short prompt: a forward of {chunk} tokens "
+            f"needs about {size(work)} besides the cache"
+        )
     return RowBudget(int(capacity), streams, total)
 
 
 def too_large(index: int, slots: int, budget: RowBudget) -> ValueError:
     """The error for prompt `index`: it needs `slots` (its tokens plus max_new_tokens), more than a row of `budget`."""
-    return ValueError(f"prompt {index} needs {slots} slots (its tokens plus max_new_tokens) but the memory budget "
-                      f"holds {budget.capacity} tokens of K/V ({size(budget.bytes)}); raise max_memory or lower "
-                      "max_new_tokens")  # fmt: skip
+    return ValueError(
+        f"prompt {index} needs {slots} slots (its tokens plus max_new_tokens) but the memory budget "
+        f"holds {budget.capacity} tokens of K/V ({size(budget.bytes)}); raise max_memory or lower "
+        "max_new_tokens"
+    )
 
 
 def size(n: int) -> str:

@@ -43,9 +43,14 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     logits_processor=, stopping_criteria=, prefix_allowed_tokens_fn=), merged as generate
     merges them, but beam search; `tokenizer=` (for stop_strings); and hf_parallel's own
     (`GenerationOptions`).
-    session: a `Session` keeping the packed row between calls (else the call frees it).
+    session: a `RowKeeper` (such as `hf_parallel.Session`) keeping the packed row between
+    calls (else the call frees it).
     Returns P * num_return_sequences lists of new tokens, each prompt's answers contiguous
     (as generate orders them), each up to and including EOS when generated.
+    Refuses before any generation: an empty prompt, ids outside the vocabulary, a prompt past
+    the model's positions or a model in training mode (ValueError), unknown or mistyped
+    options (TypeError), and a model or decoding method hf_parallel cannot serve
+    (NotImplementedError, naming why).
     """
     call = Call.prepare(model, prompts, options, session)
     out: list[list[int] | None] = [None] * len(call.streams)
@@ -65,7 +70,7 @@ def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = N
 
 @dataclass
 class Call:
-    """One call's checked inputs: its streams, options, model support, backend and memory budget."""
+    """One call's checked inputs: its streams, options, model support, backend and row keeper; `run` answers."""
 
     model: PreTrainedModel
     streams: list[list[int]]
@@ -79,6 +84,7 @@ class Call:
     @classmethod
     @torch.inference_mode()
     def prepare(cls, model, prompts, options: dict, session) -> Call:
+        """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says."""
         check_model(model)
         prompts = as_token_lists("prompts", prompts)
         opts = GenerationOptions.resolve(model, **options)
@@ -105,6 +111,8 @@ class Call:
         return cls(model, streams, room, opts, support, backend, session, layout)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
+        """(stream index, new tokens) of every stream as it finishes: one row where the memory budget holds the
+        call, else waves of rows (recurrent layers) or continuous refill."""
         if not self.streams:
             return
         layout = self.layout

@@ -58,12 +58,15 @@ class Support:
 
 
 @contextlib.contextmanager
-def use_model(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False,
-              group: bool = False):  # fmt: skip
+def use_model(
+    model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False, group: bool = False
+):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
     with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM."""
-    hooks = [model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
-             for name in support.plan_hooks]  # fmt: skip
+    hooks = [
+        model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
+        for name in support.plan_hooks
+    ]
     swapped = []
     for name in support.mixers:
         parent_name, _, attr = name.rpartition(".")

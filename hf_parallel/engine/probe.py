@@ -53,8 +53,9 @@ def probe_model(model: PreTrainedModel) -> Support:
     mixers = [names[mixer] for _, _, mixer in segmented(model)]
     recurrent = {model.get_submodule(name).layer_idx for name in mixers}
     layers = model.config.get_text_config().num_hidden_layers
-    support = Support(["hybrid" if i in recurrent else "attention" for i in range(layers)], [], mixers,
-                      _cache_class(model))  # fmt: skip
+    support = Support(
+        ["hybrid" if i in recurrent else "attention" for i in range(layers)], [], mixers, _cache_class(model)
+    )
     recorder = _Recorder()
     try:
         _probe_forward(model, support, recorder)
@@ -106,8 +107,10 @@ def _check_isolation(model: PreTrainedModel, support: Support) -> None:
     if not _close(_prompt_logits(model, support, [other, one], 9)[1], alone, tolerance):
         raise refuse(model, "leak")
     packed = _prompt_logits(model, support, [one, branch], 9)
-    if not (_close(packed[0], alone, tolerance) and _close(packed[1], _prompt_logits(model, support, [branch], 6)[0],
-                                                            tolerance)):  # fmt: skip
+    if not (
+        _close(packed[0], alone, tolerance)
+        and _close(packed[1], _prompt_logits(model, support, [branch], 6)[0], tolerance)
+    ):
         raise refuse(model, "leak")
 
 
@@ -146,8 +149,15 @@ class _Recorder(AttentionBackend):
         self.masked |= attention_mask is not None
         if kwargs.get("sliding_window") is not None:
             self.windowed.add(getattr(module, "layer_idx", -1))
-        call = AttentionCall(query.shape[1], key.shape[1], query.shape[-1], query.dtype, kwargs.get("sliding_window"),
-                             kwargs.get("softcap"), kwargs.get("s_aux") is not None)  # fmt: skip
+        call = AttentionCall(
+            query.shape[1],
+            key.shape[1],
+            query.shape[-1],
+            query.dtype,
+            kwargs.get("sliding_window"),
+            kwargs.get("softcap"),
+            kwargs.get("s_aux") is not None,
+        )
         self.calls[call] = None
         if pp_plan is None:  # keep the forward going: the verdict comes from the record
             return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
@@ -183,6 +193,13 @@ def _record_writes(cache: PackedCache, events: list) -> None:
 def _cache_class(model: PreTrainedModel) -> type:
     """PackedCache, mixed with a Cache subclass the model's module defines for itself (MiniMax checks its type)."""
     module = sys.modules.get(type(model).__module__)
-    own = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, Cache)
-           and c.__module__ == module.__name__] if module else []  # fmt: skip
+    own = (
+        [
+            c
+            for c in vars(module).values()
+            if isinstance(c, type) and issubclass(c, Cache) and c.__module__ == module.__name__
+        ]
+        if module
+        else []
+    )
     return type(f"Packed{own[0].__name__}", (PackedCache, own[0]), {}) if len(own) == 1 else PackedCache

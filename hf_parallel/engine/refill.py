@@ -6,10 +6,10 @@ Its logits give the live streams their next tokens and the prompts completed in 
 first.  Streams admitted in the same round share their step, so they form a `Cohort`
 that chooses its tokens through generate's processors together.  A stream that stops
 leaves the row at once; waiting prompts take its room (continuous refill) once enough
-room is free, so the live streams stay near the row's maximum (`admission.py`: which
+room is free, so the live streams stay near the row's maximum (`engine.admission`: which
 prompts, and where).  With `refill=False` prompts are admitted only into an empty row
-(static waves, the baseline).  Rounds with
-only decode tokens replay captured steps, as a single row's decode does.
+(static waves, the baseline).  Rounds with only decode tokens replay captured steps, as a
+single row's decode does.
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ from .runner import Runner
 class Cohort:
     """Streams that started in the same round: their rows, answer slots, processors and tokens so far."""
 
-    def __init__(self, runner: Runner, streams: list[int], prompts: list[list[int]], starts: list[int], room: int,
-                 sampler: Sampler):  # fmt: skip
+    def __init__(
+        self,
+        runner: Runner,
+        streams: list[int],
+        prompts: list[list[int]],
+        starts: list[int],
+        room: int,
+        sampler: Sampler,
+    ):
         device = runner.device
         self.streams, self.step = streams, 0
         self.starts = torch.tensor(starts, device=device)
@@ -54,6 +61,7 @@ class Cohort:
         return self.starts + (self.step - 1)
 
     def drop(self, keep: torch.Tensor, keep_list: list[bool]) -> None:
+        """Keep only the rows where `keep` [n] bool (and its host copy `keep_list`) is set."""
         self.streams = [s for s, k in zip(self.streams, keep_list) if k]
         self.starts, self.out, self.last = self.starts[keep], self.out[keep], self.last[keep]
         self.processing.keep(keep)
@@ -62,8 +70,15 @@ class Cohort:
 class RefillLoop:
     """Every prompt's new tokens, through one row of `budget` (module docstring); `run` yields them as they finish."""
 
-    def __init__(self, runner: Runner, prompts: list[list[int]], groups: list[list[int]], room: int,
-                 budget: RowBudget, refill: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        runner: Runner,
+        prompts: list[list[int]],
+        groups: list[list[int]],
+        room: int,
+        budget: RowBudget,
+        refill: bool = True,
+    ):
         self.runner, self.prompts, self.room = runner, prompts, room
         self.opts: GenerationOptions = runner.opts
         self.sampler = Sampler(runner.opts, runner.device)  # one for the call: a seed gives one sequence of draws
@@ -80,6 +95,8 @@ class RefillLoop:
         return sum(len(c.streams) for c in self.cohorts) + len(self.starting)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
+        """(prompt index, new tokens) of every prompt as its stream finishes, round after round; ValueError (from
+        `Admission.admit`) for a prompt that does not fit an empty row."""
         while self.admission.waiting or self.starting or self.cohorts:
             self._admit()
             logits = self._forward()
@@ -112,8 +129,12 @@ class RefillLoop:
             return runner.step(torch.cat(slots), torch.cat(tokens), changed)
         slots.append(torch.tensor(extra_slots, dtype=torch.long, device=device))
         tokens.append(torch.tensor(extra_tokens, dtype=torch.long, device=device))
-        keep = torch.cat([torch.arange(n_decode, device=device),
-                          n_decode + torch.tensor(start_rows, dtype=torch.long, device=device)])  # fmt: skip
+        keep = torch.cat(
+            [
+                torch.arange(n_decode, device=device),
+                n_decode + torch.tensor(start_rows, dtype=torch.long, device=device),
+            ]
+        )
         self.changed, self.live_changed = False, True  # the next captured step must refresh its plan
         return runner.forward(runner.plan(torch.cat(slots)), torch.cat(tokens), keep)
 

@@ -21,7 +21,7 @@ ROW_ROUNDING = 2048  # slots: a row grows in these steps, so similar calls share
 class StaticRow:
     """A packed row of fixed capacity (cache + slot-id buffers) and its captured decode steps.
 
-    A call makes one, or takes a `Session`'s, which keeps it for later calls while it is large
+    A call makes one, or takes a `RowKeeper`'s, which keeps it for later calls while it is large
     enough.  Slots past the current layout carry segment -1, so no query sees them.
     """
 

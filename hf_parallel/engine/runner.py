@@ -40,13 +40,20 @@ class Runner:
 
     With CUDA graphs the row is a `StaticRow`, the call's own or a `RowKeeper`'s (which keeps it for later
     calls: same buffers, so the captured decode steps replay); otherwise a fresh cache.
-    `run` generates; `prefill`, `decode` and `forward` are its parts (scoring runs forwards
-    of its own), to be called inside `using_model()`.
+    `run` generates; `prefill`, `decode` and `forward` are its parts (a front end that scores
+    runs forwards of its own), to be called inside `using_model()`.
     A model placed over several devices, offloaded or sharded decodes eagerly: no CUDA graphs.
     """
 
-    def __init__(self, model: PreTrainedModel, layout: Layout, opts: GenerationOptions, backend: AttentionBackend,
-                 support: Support, keeper: RowKeeper | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        layout: Layout,
+        opts: GenerationOptions,
+        backend: AttentionBackend,
+        support: Support,
+        keeper: RowKeeper | None = None,
+    ):
         self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
         self.device = loop_device(model)
         where = placement(model)
@@ -71,13 +78,15 @@ class Runner:
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
         self.groups = self.device.type == "cuda" and not where.eager_only and opts.compile is not True
         if opts.compile is True and support.recurrent:
-            warnings.warn("compile=True is not applied to models with recurrent layers; decoding uncompiled",
-                          stacklevel=3)  # fmt: skip
+            warnings.warn(
+                "compile=True is not applied to models with recurrent layers; decoding uncompiled", stacklevel=3
+            )
             self.compile_failed = True
         if support.recurrent:
             self.stream_of_segment = torch.full((len(layout.segments),), -1, dtype=torch.long, device=self.device)
             self.stream_of_segment[torch.tensor(layout.answer_segs, device=self.device)] = torch.arange(
-                layout.num_prompts, device=self.device)  # fmt: skip
+                layout.num_prompts, device=self.device
+            )
 
     @torch.inference_mode()
     def run(self) -> list[list[int]]:
@@ -142,8 +151,14 @@ class Runner:
         # over several devices the last hidden states may sit on another device than `keep`: a host list indexes
         # any device (and accelerate's hooks leave it where it is)
         keep = keep.tolist() if self.spanning else keep
-        kwargs = dict(input_ids=tokens[None], position_ids=plan.q_pos.long()[None], use_cache=True,
-                      logits_to_keep=keep, pp_plan=plan, **{self.cache_arg: self.cache})  # fmt: skip
+        kwargs = dict(
+            input_ids=tokens[None],
+            position_ids=plan.q_pos.long()[None],
+            use_cache=True,
+            logits_to_keep=keep,
+            pp_plan=plan,
+            **{self.cache_arg: self.cache},
+        )
         if step and self.opts.compile is True and not self.compile_failed:
             try:
                 with recompile_limit(RECOMPILE_LIMIT):
@@ -151,8 +166,10 @@ class Runner:
             except Exception as err:  # noqa: BLE001 - a real input error recurs below, uncompiled
                 if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                     raise
-                warnings.warn(f"torch.compile of the decode step failed ({type(err).__name__}: {err}); "
-                              "running it uncompiled", stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"torch.compile of the decode step failed ({type(err).__name__}: {err}); running it uncompiled",
+                    stacklevel=2,
+                )
                 self.compile_failed = True
         return self.model(**kwargs).logits[0].float().to(self.device)  # the last layer's device: the loop's
 
@@ -173,8 +190,9 @@ class Runner:
         """Run every prompt token once (`chunks`: `prefill_chunks`, by default made here); logits [P, V] at each
         prompt's last token.  Nothing here waits for the GPU."""
         chunks = chunks if chunks is not None else self.prefill_chunks()
-        logits = torch.empty(self.layout.num_prompts, self.model.config.get_text_config().vocab_size,
-                             device=self.device)  # fmt: skip
+        logits = torch.empty(
+            self.layout.num_prompts, self.model.config.get_text_config().vocab_size, device=self.device
+        )
         for chunk in chunks:
             out = self.forward(chunk.plan, chunk.ids, chunk.rows)
             logits[chunk.prompts] = out[chunk.inverse]
@@ -190,8 +208,9 @@ class Runner:
         bounds = [0] + [i for i in range(1, len(segs)) if segs[i] != segs[i - 1]] + [len(segs)]
         runs = [(segs[a], a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         segments = self.layout.segments
-        return SegmentRuns(runs, [s.parent for s in segments], [s.end for s in segments],
-                           frozenset(self.layout.prompt_ends))  # fmt: skip
+        return SegmentRuns(
+            runs, [s.parent for s in segments], [s.end for s in segments], frozenset(self.layout.prompt_ends)
+        )
 
     def decode(self, logits: torch.Tensor) -> list[list[int]]:
         """Choose and feed back one token per live stream until every stream stops.
@@ -303,9 +322,9 @@ def captures_steps(opts: GenerationOptions, device: torch.device, eager_only: bo
 
 
 def fuses_layers(opts: GenerationOptions, captured: bool, recurrent: bool) -> bool:
-    """Whether a call compiles its layers' small operations (`fusion.py`): compile="layers", or "auto" where its
-    decode steps are captured (a CUDA graph replays the fused kernels; eager steps would pay the compiled regions'
-    guards on the host); never for layers with a recurrent state."""
+    """Whether a call compiles its layers' small operations (`models.compiled_parts`): compile="layers", or "auto"
+    where its decode steps are captured (a CUDA graph replays the fused kernels; eager steps would pay the compiled
+    regions' guards on the host); never for layers with a recurrent state."""
     return (opts.compile == "layers" or (opts.compile == "auto" and captured)) and not recurrent
 
 

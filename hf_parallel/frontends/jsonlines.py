@@ -1,8 +1,8 @@
 """JSON-lines files that runs append to and resume from: read whole (a line cut short dropped), appended safely.
 
 A run that is interrupted may leave its last line half written; `read_json_lines` cuts it off the file,
-so that the next append starts a line of its own and the record runs again.  A file whose header says
-it belongs to another run raises `CheckpointError`.
+so that the next append starts a line of its own and the record runs again.  `CheckpointError` is what a
+reader raises for a file whose header says it belongs to another run.
 """
 
 from __future__ import annotations

@@ -113,6 +113,9 @@ class Usage:
 
 @dataclass
 class JudgeResult:
+    """`judge`'s answers, in the order of the questions, and its token counts; `result[name]` is the answer to
+    the question named `name` (KeyError where none is)."""
+
     answers: list[Answer]  # in the order of the questions
     usage: Usage
 
@@ -161,8 +164,11 @@ def render_judgments(
 ) -> list[list[int]]:
     """Token ids of every judgment prompt, question after question, candidate after candidate (tokenized together,
     `render_all`)."""
-    texts = [(template or TEMPLATE).format(context=context, question=q.prompt, judgment=text)
-             for q in questions for _, text in q.judgments()]  # fmt: skip
+    texts = [
+        (template or TEMPLATE).format(context=context, question=q.prompt, judgment=text)
+        for q in questions
+        for _, text in q.judgments()
+    ]
     return render_all(tokenizer, texts, use_chat_template, system_prompt)
 
 

@@ -4,9 +4,9 @@ Every prompt the package builds (questions about a document, judgments, evaluati
 prompts, dialogue turns) is written by `prompt_text`, so a prompt is tokenized the
 same way wherever it is made: with the tokenizer's chat template when it has one,
 else as plain text that ends by asking for the answer.  Many prompts are tokenized together,
-`TOKENIZE_BATCH` to a call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads:
-each of a document's prompts repeats the whole document (docs/benchmarks.md, "The prompts'
-tokenization": one call each, 256 prompts of an 8k-token document took 2.8 s of a 2-core CPU).
+`TOKENIZE_BATCH` to a call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads,
+since each of a document's prompts repeats the whole document (docs/benchmarks.md, "The prompts'
+tokenization").
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Triton kernels built before their first launch, on threads beside the caller.
 
-A kernel's first build in a process takes a second or more (Triton's compiler passes and ptxas, which run
-without Python's lock), and a first call on a new model would otherwise build its kernels one after another
-on the calling thread, at their first launches.  Instead the call collects the launches its forwards will make
-(`collecting`: each `run_kernel` inside is recorded, not made), starts a build of each one this process has
-not built (`start`), and runs its forwards under `awaiting`: their first launch waits for the builds, so
-what the thread does before it (torch.compile's compilation of the layers' parts, the first layer's GEMMs)
-overlaps them, and the builds overlap each other.
+A kernel's first build in a process is slow (Triton's compiler passes and ptxas, which run without Python's
+lock), and a first call on a new model would otherwise build its kernels one after another on the calling
+thread, at their first launches (docs/benchmarks.md, "The first call").  Instead the call collects the launches
+its forwards will make (`collecting`: each `run_kernel` inside is recorded, not made), starts a build of each one
+this process has not built (`start`), and runs its forwards under `awaiting`: their first launch waits for the
+builds, so what the thread does before it (torch.compile's compilation of the layers' parts, the first layer's
+GEMMs) overlaps them, and the builds overlap each other.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ _BUILDERS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hf_parallel_bu
 
 def run_kernel(kernel, grid, *args, **kwargs) -> None:
     """`kernel[grid](*args, **kwargs)`; inside `collecting`, the launch recorded instead; inside `awaiting`, made
-    once the awaited builds are done.  Multiplies and adds fuse, as the kernels were measured, whatever the
-    installed Triton's default (Triton 3.10 turns it off)."""
+    once the awaited builds are done.  Multiplies and adds fuse (`enable_fp_fusion`, as the kernels were tuned
+    and tested), whatever the installed Triton's default (Triton 3.10 turns it off)."""
     kwargs.setdefault("enable_fp_fusion", True)
     launches = getattr(_LOCAL, "launches", None)
     if launches is not None:

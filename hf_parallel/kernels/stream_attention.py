@@ -134,8 +134,11 @@ def stream_attention_fwd(
     own_stop = tl.load(seg_stop_ptr + q_seg, mask=row_ok, other=0)  # one past the own segment's last slot
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    q = tl.load(Q + head[:, None] * stride_qh + query[:, None] * stride_qn + offs_d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+    q = tl.load(
+        Q + head[:, None] * stride_qh + query[:, None] * stride_qn + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if DOT_F32:
         q = q.to(tl.float32)
     K += kv_head.to(tl.int64) * stride_kh  # int64: a long cache's H_kv * S * D can pass 2**31
@@ -236,5 +239,8 @@ def combine_splits(
         m_i = m_ij
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     query, head = rows // num_heads, rows % num_heads
-    tl.store(Out + query[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
-             out.to(Out.dtype.element_ty), mask=ok)  # fmt: skip
+    tl.store(
+        Out + query[:, None] * stride_on + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=ok,
+    )

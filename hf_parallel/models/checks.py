@@ -1,7 +1,8 @@
 """What no forward can fix, refused by name before any work: the model's type, its config and its placement.
 
-Every refusal is a NotImplementedError whose message names one of `REASONS`.  The probe forward
-(`hf_parallel.engine.probe`) refuses what only running the model shows, with the same reasons.
+Every refusal is a NotImplementedError whose message names one of `REASONS` (a model that is not a
+`PreTrainedModel` is a TypeError).  The engine's probe forward refuses what only running the model shows,
+with the same reasons.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def refuse(model: nn.Module, reason: str, detail: str = "") -> NotImplementedErr
 
 
 def check_model(model: PreTrainedModel) -> None:
-    """Refuse, by name, what no forward can fix: the wrong type, an encoder-decoder, no `position_ids`, chunked
-    attention, a placement over devices hf_parallel cannot follow."""
+    """Refuse, by name, what no forward can fix: the wrong type (TypeError), an encoder-decoder, no `position_ids`,
+    chunked attention, a placement over devices hf_parallel cannot follow (NotImplementedError)."""
     if not isinstance(model, PreTrainedModel):
         raise TypeError(f"model must be a transformers PreTrainedModel, got {type(model).__name__}")
     check_placement(model)

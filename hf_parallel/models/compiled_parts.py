@@ -1,28 +1,24 @@
 """The decoder layers' norms and rotary embedding fused by `torch.compile`, one class or function at a time.
 
-A decode step over 64 streams is mostly weight reads, yet eagerly each layer also runs some thirty small
-kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply, cast and scale), each a few
-microseconds even inside a CUDA graph.  Compiling the whole model fuses them but traces every layer
-(tens of seconds on a 7B model).  Here only a layer's norms are compiled: they hold no attention and no cache,
-and they are the same code in every layer, with other weights, so Dynamo compiles one graph per norm class and
-every layer reuses it.  Only the token count is a dynamic dimension: each call marks it (`token_dims`), and the
-model's widths (hidden size, heads, head size) stay static, so Inductor's kernels index with constants.  With every
-dimension dynamic (`dynamic=True`) they divide by runtime sizes per element, and on the H200 ran 1.5-4x slower
-(the rotary embedding of 256 streams 9.7 against 4.2 us a layer on CodeLlama-7B's shape, of an 8k prefill 178
-against 66 us; docs/benchmarks.md).  A graph still compiles again where a call's strides differ from those it
-was compiled for, with its strides dynamic: where a GPU groups the q|k|v projection (`projections.py`), a prefill
-chunk's q and k are column slices of one output as a decode step's are, so the rotary function compiles once.
+Eagerly a layer runs many small kernels (an RMSNorm alone is seven: cast, square, mean, add, rsqrt, multiply,
+cast and scale; the rotary embedding ten).  Compiling the whole model fuses them but traces every layer
+(`compile=True`).  Here only a layer's norms and the rotary embedding function are compiled: they hold no
+attention and no cache, and they are the same code in every layer, so Dynamo compiles one graph per norm class
+and one for the function, and every layer reuses it.  Only the token count is a dynamic dimension: each call
+marks it (`token_dims`), and the model's widths (hidden size, heads, head size) stay static, so Inductor's
+kernels index with constants rather than divide by runtime sizes (docs/benchmarks.md, "Ablations on the grid").
+A graph compiles again where a call's strides differ from those it was compiled for: a prefill chunk's q and k
+are given a decode step's strides (`hf_parallel.models.projections`), so the rotary function compiles once.
 
-A part is fusable when it is a norm: no children, only 1-D parameters; or when it is the rotary embedding
-function (`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module: eagerly
-ten kernels a layer (a multiply, a negation, a concatenation, a multiply and an add, for q and for k), compiled
-one.  The function is swapped in its module for the block, so every layer's call goes through one compiled
-graph; a part named `fn:module.function`.  Where the `kernels` package is installed, transformers makes the function
-a module whose forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention
-module's copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs were measured compiled too
-(their activation and product fused) and left out: no step got faster past the benchmark's noise, and their
-graph added about 5 s to the first call.  Inductor emulates eager's rounding after each 16-bit operation
-(`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
+A part is fusable when it is a norm (no children, only 1-D parameters) or the rotary embedding function
+(`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module; the function is
+swapped in its module for the block, so every layer's call goes through one compiled graph (a part named
+`fn:module.function`).  Where the `kernels` package is installed, transformers makes the function a module whose
+forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention module's
+copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs stay eager: compiled, they made no
+step faster and the first call slower (docs/benchmarks.md, "Ablations on the grid").  Inductor emulates eager's
+rounding after each 16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused
+reductions' order.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ import warnings
 
 import torch
 from torch import nn
+from torch._inductor import config as inductor_config
 
 OPTIONS = {"emulate_precision_casts": True}
 DYNAMIC = None  # torch.compile's `dynamic`: Dynamo's own choice, with the token count marked (`token_dims`)
@@ -52,7 +49,7 @@ def recompile_limit(limit: int):
     return config.patch(**{name: max(getattr(config, name), limit)})
 
 
-COMPILER = "torch._inductor.compile_fx"  # what `torch.compile`'s first use imports: about a second of Python
+COMPILER = "torch._inductor.compile_fx"  # what `torch.compile`'s first use imports, a slow import
 importing: list[threading.Thread] = []  # the thread importing it, once per process
 
 
@@ -64,9 +61,9 @@ def compiler_unimported() -> bool:
 def import_compiler() -> None:
     """Start importing Inductor's compiler on a thread of its own, once per process, where it is not imported yet.
 
-    A call that will compile starts it before its support probe, whose first forward on a GPU takes a second or
-    more, much of it in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
-    `torch.compile` (0.4-0.5 s off a first call on the H200, docs/benchmarks.md)."""
+    A call that will compile starts it before its support probe, whose first forward on a GPU spends much of its
+    time in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
+    `torch.compile` (docs/benchmarks.md, "The first call")."""
     if compiler_unimported():
         importing.append(threading.Thread(target=_import, args=(COMPILER,), name="hf_parallel-import", daemon=True))
         importing[0].start()
@@ -159,8 +156,10 @@ class CompiledPart:
             except Exception as err:  # noqa: BLE001 - a real input error recurs below, eagerly
                 if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
                     raise
-                warnings.warn(f"torch.compile of {self.name} failed ({type(err).__name__}: {err}); "
-                              "running it as it is", stacklevel=2)  # fmt: skip
+                warnings.warn(
+                    f"torch.compile of {self.name} failed ({type(err).__name__}: {err}); running it as it is",
+                    stacklevel=2,
+                )
                 CompiledPart.failed.add(key)
         return self.eager(*args, **kwargs)
 
@@ -175,8 +174,12 @@ def token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tens
     elif len(tensors) >= 4:
         q, k, cos, sin = tensors[:4]
         head_first = kwargs.get("unsqueeze_dim", 1) == 1
-        dims = [(q, q.dim() - 2 if head_first else 1), (k, k.dim() - 2 if head_first else 1),
-                (cos, cos.dim() - 2), (sin, sin.dim() - 2)]  # fmt: skip
+        dims = [
+            (q, q.dim() - 2 if head_first else 1),
+            (k, k.dim() - 2 if head_first else 1),
+            (cos, cos.dim() - 2),
+            (sin, sin.dim() - 2),
+        ]
     else:
         dims = []
     return [(t, d) for t, d in dims if 0 <= d < t.dim()]
@@ -215,7 +218,5 @@ def _compiling():
     """Dynamo's recompile limit raised, and Inductor's builds of the parts' few kernels made in this process: a pool
     of compile workers takes longer to start than the builds it would share (docs/benchmarks.md, "The first
     call")."""
-    from torch._inductor import config
-
-    with recompile_limit(RECOMPILE_LIMIT), config.patch(compile_threads=1):
+    with recompile_limit(RECOMPILE_LIMIT), inductor_config.patch(compile_threads=1):
         yield

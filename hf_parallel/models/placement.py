@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def normal_device(device) -> torch.device:
@@ -40,8 +41,9 @@ def _align_hooks(module: nn.Module) -> list:
 
 def _execution_device(module: nn.Module, hooks: list | None = None) -> torch.device | None:
     """The first of `module`'s hooks' execution devices (`hooks`: its `_align_hooks`, where already found)."""
-    devices = [h.execution_device for h in (_align_hooks(module) if hooks is None else hooks)
-               if h.execution_device is not None]  # fmt: skip
+    devices = [
+        h.execution_device for h in (_align_hooks(module) if hooks is None else hooks) if h.execution_device is not None
+    ]
     return normal_device(devices[0]) if devices else None
 
 
@@ -73,8 +75,6 @@ class Placement:
 
 def placement(model: nn.Module) -> Placement:
     """`model`'s `Placement`, now (a model may be dispatched or moved between calls)."""
-    from torch.distributed.tensor import DTensor
-
     devices, offloaded = set(), False
     for module in model.modules():
         if getattr(module, "_hf_hook", None) is not None:
@@ -84,8 +84,12 @@ def placement(model: nn.Module) -> Placement:
             offloaded |= _offloads(hooks)
     params = list(model.parameters())
     devices |= {p.device for p in params if p.device.type != "meta"}
-    return Placement(frozenset(devices), offloaded, any(isinstance(p, DTensor) for p in params),
-                     any(p.device.type == "meta" for p in params))  # fmt: skip
+    return Placement(
+        frozenset(devices),
+        offloaded,
+        any(isinstance(p, DTensor) for p in params),
+        any(p.device.type == "meta" for p in params),
+    )
 
 
 def execution_devices(model: nn.Module) -> set[torch.device]:
@@ -110,7 +114,7 @@ def is_tensor_parallel(model: nn.Module) -> bool:
 
 
 def placement_problem(model: nn.Module, where: Placement | None = None) -> tuple[str, str] | None:
-    """(reason, detail) of a placement hf_parallel cannot serve (reasons: `support.REASONS`), or None (`where`:
+    """(reason, detail) of a placement hf_parallel cannot serve (reasons: `checks.REASONS`), or None (`where`:
     the model's `Placement`, if known)."""
     where = where if where is not None else placement(model)
     unloaded = _unloaded_meta_parameters(model) if where.meta else []

@@ -1,18 +1,17 @@
 """Sibling linear layers that read the same input, run as one GEMM.
 
-A decode step's GEMMs have a few rows each, so each is bound by reading its weight, and a small weight is read
-slowly: on the H200 cuBLAS reads one 4096 x 4096 projection at about 0.65 of the copy bandwidth at 64 rows, and
-q|k|v as one 12288 x 4096 weight at 0.89 (Qwen2.5-7B's 512-row k and v at 0.14, its q|k|v at 0.73;
-docs/benchmarks.md, "Where a decode step's time goes").  An attention module calls `q_proj`, `k_proj` and
-`v_proj` on one hidden state: such a group of plain `nn.Linear` children gets one weight [sum of out_features,
-in_features], and its members' parameters become row slices of it (the same objects, names and values;
-`save_pretrained` saves disjoint slices as tensors of their own), once: later calls find them adjacent and view
-the whole.  For the block, the first member called computes every member's output in one GEMM and each later
-member takes its own; a member called on another input, or a second time, runs the group's GEMM again, so every
-call returns exactly its own output.  An input of more than `MOST_ROWS` rows (a prefill chunk) runs each member's
-own GEMM, whose output fills its columns of one tensor, so that its outputs are strided as a narrow input's: a function
-compiled downstream (the rotary embedding, `fusion.py`) then compiles one graph for both, not a second one for other
-strides (about 1 s of a first call on the H200, docs/benchmarks.md).  Compiled code runs each member's `F.linear`.
+A decode step's GEMMs have a few rows each, so each is bound by reading its weight, and cuBLAS reads a small
+weight further below the copy bandwidth than one the size of q|k|v together (docs/benchmarks.md, "Where a decode
+step's time goes").  An attention module calls `q_proj`, `k_proj` and `v_proj` on one hidden state: such a group
+of plain `nn.Linear` children gets one weight [sum of out_features, in_features], and its members' parameters
+become row slices of it (the same objects, names and values; `save_pretrained` saves disjoint slices as tensors
+of their own), once: later calls find them adjacent and view the whole.  For the block, the first member called
+computes every member's output in one GEMM and each later member takes its own; a member called on another
+input, or a second time, runs the group's GEMM again, so every call returns exactly its own output.  An input of
+more than `MOST_ROWS` rows (a prefill chunk) runs each member's own GEMM, whose output fills its columns of one
+tensor, so that its outputs are strided as a narrow input's: a function compiled downstream (the rotary
+embedding, `hf_parallel.models.compiled_parts`) then compiles one graph for both, not a second one for other
+strides (docs/benchmarks.md, "The first call").  Compiled code runs each member's `F.linear`.
 """
 
 from __future__ import annotations
@@ -26,12 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"),)  # children called in turn on one input.  Not a gated MLP's gate_proj
-# and up_proj: their GEMM gains little (0.85-0.91 of the bandwidth alone at 64 rows), and the activation and product
-# on the two strided halves run PyTorch's unvectorized elementwise kernels: on the H200 those took 0.41 ms more in a
-# 256-stream step on CodeLlama-7B's shape, for about 0.07 ms saved in the GEMMs
+# and up_proj: their GEMM gains little, and the activation and product on the two strided halves run PyTorch's
+# unvectorized elementwise kernels, which cost more than the GEMM saves (docs/benchmarks.md, "q, k and v as one GEMM")
 MOST_ROWS = 256  # inputs of more rows run each member's own GEMM: a wide prefill chunk's GEMMs are bound by their
-# arithmetic, not their reads, and grouped they prefilled 8k-16k-token documents 2-5% slower on the H200; the grouped
-# GEMM read faster at 64, 128 and 256 rows (docs/benchmarks.md)
+# arithmetic, not their reads, and grouped they prefill slower (docs/benchmarks.md, "q, k and v as one GEMM")
 
 
 class ProjectionGroup:
@@ -66,9 +63,8 @@ class ProjectionGroup:
         if one_gemm(x):
             return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
         if self.bias is not None or x.dtype != self.weight.dtype or torch.is_autocast_enabled(x.device.type):
-            # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and on the H200
-            # 7-70% slower than `F.linear` on Qwen2.5-7B's q|k|v; with the copy into one output, 392-446 against 386
-            # us a layer at 8k rows (eval/prefill_qkv_check.py).  (`out=` takes no casts either.)
+            # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and slower than
+            # `F.linear` and a copy (docs/benchmarks.md, "The first call").  (`out=` takes no casts either.)
             return list(torch.cat([F.linear(x, m.weight, m.bias) for m in self.members], dim=-1).split(self.sizes, -1))
         out = x.new_empty(*x.shape[:-1], sum(self.sizes))
         rows, columns = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]).split(self.sizes, dim=-1)
@@ -124,16 +120,25 @@ def sibling_groups(model: nn.Module) -> list[tuple[nn.Module, tuple[str, ...]]]:
 
 
 def _plain(m, uses: Counter) -> bool:
-    return (type(m) is nn.Linear and not (m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook"))
-            and "forward" not in vars(m) and all(uses[id(p)] == 1 for p in m.parameters())
-            and type(m.weight.data) is torch.Tensor and m.weight.device.type != "meta")  # fmt: skip
+    return (
+        type(m) is nn.Linear
+        and not (m._forward_hooks or m._forward_pre_hooks or hasattr(m, "_hf_hook"))
+        and "forward" not in vars(m)
+        and all(uses[id(p)] == 1 for p in m.parameters())
+        and type(m.weight.data) is torch.Tensor
+        and m.weight.device.type != "meta"
+    )
 
 
 def _alike(members: list[nn.Linear]) -> bool:
     first = members[0]
-    return all(m.in_features == first.in_features and m.weight.dtype == first.weight.dtype
-               and m.weight.device == first.weight.device and (m.bias is None) == (first.bias is None)
-               for m in members)  # fmt: skip
+    return all(
+        m.in_features == first.in_features
+        and m.weight.dtype == first.weight.dtype
+        and m.weight.device == first.weight.device
+        and (m.bias is None) == (first.bias is None)
+        for m in members
+    )
 
 
 @contextlib.contextmanager

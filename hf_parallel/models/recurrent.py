@@ -51,6 +51,7 @@ class State:
     rec: dict[int, torch.Tensor | None]
 
     def rows(self, index) -> State:
+        """A copy of the rows `index` picks (an index tensor or a slice) of every tensor."""
         return State(*({i: _take(t, index) for i, t in part.items()} for part in (self.conv, self.rec)))
 
     def clone(self) -> State:
@@ -58,6 +59,7 @@ class State:
 
     @staticmethod
     def cat(states: list[State]) -> State:
+        """The states' rows one after another (all of one layer: the same state indices)."""
         first = states[0]
         conv = {i: _cat([s.conv[i] for s in states]) for i in first.conv}
         return State(conv, {i: _cat([s.rec[i] for s in states]) for i in first.rec})
@@ -133,6 +135,8 @@ class SegmentedMixer(nn.Module):
         self.mixer, self.layer_idx, self.token_by_token = mixer, mixer.layer_idx, token_by_token
 
     def forward(self, *args, **kwargs):
+        """The mixer's output on the hidden states [1, N, hidden] (its tuple where it returns one): per segment run
+        in prefill, one batch row per stream in decode, as the PackedCache's `segment_runs` says."""
         if "hidden_states" in kwargs:
             hidden = kwargs.pop("hidden_states")
         else:
@@ -156,6 +160,8 @@ class SegmentedMixer(nn.Module):
         return out[:, 0][None]
 
     def prefill(self, call, layer: StateLayer, hidden: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
+        """Each run of one segment's tokens from its start state (its own so far, else its parent's final one);
+        the outputs [1, N, hidden] in token order.  Keeps the final states later runs or the decode pool need."""
         pieces = []
         for seg, first, end in runs.runs:
             state = layer.segments.get(seg)  # a segment split across prefill chunks continues from itself
@@ -196,5 +202,9 @@ def _forget_finished(segments: dict[int, State], current: int, runs: SegmentRuns
 
 def segmented(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, mixer) of every recurrent mixer of `model`."""
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if is_mixer(child)]  # fmt: skip
+    return [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if is_mixer(child)
+    ]

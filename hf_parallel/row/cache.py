@@ -3,7 +3,7 @@
 The model's own attention layers call `cache.update(k, v, layer_idx, ...)` unchanged;
 the new keys and values are written at the slots of the current plan and the
 leading `plan.kv_len` slots are returned.  Each shared prefix is stored once.  Layers
-with a recurrent state get a `StateLayer` instead (`hf_parallel.recurrent`), and layers
+with a recurrent state get a `StateLayer` instead (`hf_parallel.models.recurrent`), and layers
 with both (Falcon-H1's and Zamba2's hybrid layers) a `HybridLayer`.
 """
 
@@ -38,6 +38,8 @@ class PackedLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def write(self, key_states: torch.Tensor, value_states: torch.Tensor, plan: AttentionPlan):
+        """key_states, value_states [1, H_kv, N, D] written at `plan.q_slot` [N]; the keys and values of the leading
+        `plan.kv_len` slots, [1, H_kv, kv_len, D] views of the cache."""
         if not self.is_initialized:
             PackedLayer.lazy_initialization(self, key_states, value_states)
         write_slots(self.keys, self.values, plan.q_slot, key_states, value_states)
@@ -59,10 +61,11 @@ class PackedLayer(CacheLayerMixin):
         return self.keys.numel() * self.keys.element_size() * 2 if self.is_initialized else 0
 
 
-def write_slots(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor,
-                value_states: torch.Tensor) -> None:  # fmt: skip
+def write_slots(
+    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+) -> None:
     """keys, values [1, H, S, D] at `slots` [N] <- key_states, value_states [1, H, N, D]: on CUDA one Triton launch
-    for both (`triton_kernels.cache_write`), elsewhere (and inside torch.compile, which fuses its own) `index_copy_`."""
+    for both (`kernels.cache_write`), elsewhere (and inside torch.compile, which fuses its own) `index_copy_`."""
     tensors = (keys, values, key_states, value_states)
     plain = any(t.dtype != keys.dtype or t.stride(-1) != 1 for t in tensors) or key_states.shape[2] == 0
     if cache_write is None or not key_states.is_cuda or torch.compiler.is_compiling() or plain:
@@ -116,9 +119,9 @@ class PackedCache(Cache):
     """KV cache of one packed row of `num_slots` slots (and recurrent states) for every layer of a model.
 
     kinds: per layer, "attention" or "hybrid" (K/V and a recurrent state).  Set `cache.plan` to the current
-    forward's `AttentionPlan` before each forward, and `cache.segment_runs` where layers are recurrent.
-    Each layer's K/V lives on the device of its keys, so a model placed over several devices keeps each
-    layer's cache beside that layer.
+    forward's `AttentionPlan` before each forward, and `cache.segment_runs` where layers are recurrent;
+    `update` without a plan raises RuntimeError.  Each layer's K/V lives on the device of its keys, so a model
+    placed over several devices keeps each layer's cache beside that layer.
     """
 
     def __init__(self, kinds: list[str], num_slots: int):
@@ -130,6 +133,8 @@ class PackedCache(Cache):
         self.segment_runs: SegmentRuns | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Layer `layer_idx`'s `PackedLayer.write` under the current plan (on the keys' device); RuntimeError
+        without a plan."""
         if self.plan is None:
             raise RuntimeError("PackedCache.update called without a plan: use hf_parallel's generation functions")
         plan = self.plan

@@ -15,7 +15,7 @@ slot allocator:
              stream goes through any more (`collect`, after the round's admissions, so a
              waiting prompt can still reuse the prefix its predecessors brought in)
     snapshot the forest as a `Layout` (segments in pre-order, ids over the row's
-             capacity), which the attention backends plan from as before
+             capacity), which the attention backends plan from
 
 Slot order need not follow the tree: a query sees every slot of its segment's ancestors
 wherever they lie, and its own segment's slots up to its own (the stream rule), so a
@@ -150,16 +150,25 @@ class Forest:
         nodes = self.nodes()
         for i, n in enumerate(nodes):
             n.index = i
-        segments = [Segment(n.parent.index if n.parent is not None else -1, n.depth, n.tokens, n.room,
-                            slot_start=n.slot) for n in nodes]  # fmt: skip
+        segments = [
+            Segment(n.parent.index if n.parent is not None else -1, n.depth, n.tokens, n.room, slot_start=n.slot)
+            for n in nodes
+        ]
         for i in range(len(nodes) - 1, -1, -1):  # pre-order interval ends
             segments[i].end = max(segments[i].end, i + 1)
             if segments[i].parent >= 0:
                 segments[segments[i].parent].end = max(segments[segments[i].parent].end, segments[i].end)
         answers = [n for n in nodes if n.room]
         parents = [a.parent.index if a.parent else -1 for a in answers]
-        layout = Layout(segments, parents, [a.index for a in answers], [a.depth for a in answers], max_new_tokens,
-                        False, self.capacity)  # fmt: skip
+        layout = Layout(
+            segments,
+            parents,
+            [a.index for a in answers],
+            [a.depth for a in answers],
+            max_new_tokens,
+            False,
+            self.capacity,
+        )
         layout.streams = [a.stream for a in answers]
         layout.kv_extent = self.extent()
         _fill_ids(layout, nodes)
@@ -261,8 +270,9 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def _split(node: Node, at: int) -> Node:
     """Cut `node` after its first `at` tokens; the rest becomes its only child (same slots, same users)."""
-    rest = Node(node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users,
-                max(0, node.written - at))  # fmt: skip
+    rest = Node(
+        node.tokens[at:], node, node.depth + at, node.slot + at, 0, node.children, node.users, max(0, node.written - at)
+    )
     for child in rest.children:
         child.parent = rest
     node.tokens, node.children, node.written = node.tokens[:at], [rest], min(node.written, at)

@@ -70,8 +70,8 @@ class Layout:
     # keys a forward may see: None where every segment's ancestors lie before it (up to the last query's slot);
     # a refilled row's ancestors may lie past its queries, so its snapshot gives the slots it occupies
     kv_extent: int | None = None
-    # the tile planner's memo, filled as asked: segment -> its ancestor chain's extents (`tiles._chain`), and under
-    # "table" every segment's chain and slots as arrays (`tiles.segment_table`)
+    # an attention backend's planning memo, filled as asked (the Triton tile planner's: segment -> its ancestor
+    # chain's extents, and under "table" every segment's chain and slots as arrays)
     chains: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -152,7 +152,7 @@ def build_layout(prompts: list[list[int]], max_new_tokens: int, interleaved: boo
     Stream-major (default): segments take consecutive slots in pre-order, so each
     answer region directly follows its question.  Interleaved (the reference paper's
     layout, kept as an ablation): prompt segments first, then the t-th answer token
-    of every stream side by side.
+    of every stream side by side.  ValueError for no prompts or an empty prompt.
     """
     if not prompts:
         raise ValueError("build_layout needs at least one prompt")

@@ -2,7 +2,8 @@
 
 The plan travels to the attention function through the model's kwargs (`pp_plan=`)
 and to the cache as `cache.plan`; it is never a module global.  An attention backend
-(`hf_parallel.attention`) builds it, and may extend it with fields of its own.
+builds it, and may extend it with fields of its own.  `Row` is what every plan of one
+generation is built from.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class AttentionPlan:
     kv_len: number of leading slots any query of this forward may see.
     ids:    the row's `SlotIds`.
 
-    A model placed over several devices gets the plan on each through `to` (see `hf_parallel.placement`).
+    A model placed over several devices gets the plan on each through `to` (see `hf_parallel.models.placement`).
     """
 
     q_slot: torch.Tensor
@@ -100,8 +101,11 @@ class AttentionPlan:
             return origin
         if device not in origin.copies:
             non_blocking = non_blocking and device.type == "cuda"  # a copy to the host must land before it is read
-            fields = {f.name: _moved(getattr(origin, f.name), device, non_blocking)
-                      for f in dataclasses.fields(origin) if f.init}  # fmt: skip
+            fields = {
+                f.name: _moved(getattr(origin, f.name), device, non_blocking)
+                for f in dataclasses.fields(origin)
+                if f.init
+            }
             copy = type(origin)(**fields)
             copy.origin = weakref.ref(origin)
             origin.copies[device] = copy
