@@ -33,7 +33,7 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
                (`dynamic=True`), not only the token count (ablation)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
-               `gpu_kernel_check.py --own` in isolation (ablation)
+               `diagnostics/gpu_kernel_check.py --own` in isolation (ablation)
   generate_batch  Transformers' continuous batching: `model.generate_batch` on every prompt, paged attention with
                prefix block sharing on (`--generate-batch extrapolate`, the default: timed at 4 and 16 answer
                tokens after an untimed run, extended linearly; `full`: every token)
@@ -98,8 +98,8 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
 
 @contextlib.contextmanager
 def wide_own_launch():
-    """The own plan launched with at least 2 KV splits and 8 warps (16-bit), the best of `gpu_kernel_check.py
-    --own` in isolation: the ablation of `own_launch_config`."""
+    """The own plan launched with at least 2 KV splits and 8 warps (16-bit), the best of
+    `diagnostics/gpu_kernel_check.py --own` in isolation: the ablation of `own_launch_config`."""
     saved = triton_backend.own_launch_config
 
     def wide(query, key, own):

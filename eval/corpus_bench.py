@@ -38,9 +38,10 @@ from transformers import LogitsProcessor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import BOOK  # noqa: E402
+from bench import SHAPES as BENCH_SHAPES  # noqa: E402
+
 import hf_parallel  # noqa: E402
-from eval.bench import BOOK  # noqa: E402
-from eval.bench import SHAPES as BENCH_SHAPES  # noqa: E402
 from hf_parallel.attention import resolve_backend  # noqa: E402
 from hf_parallel.engine.budget import row_budget  # noqa: E402
 from hf_parallel.engine.probe import check_support  # noqa: E402

@@ -332,7 +332,7 @@ def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
     for row in report:
         at = {p["phase"]: p for p in row["phases"]}
         assert (
-            at["generation.build_layout"]["first_ms"]
+            at["generate.build_layout"]["first_ms"]
             < at["Runner.prefill"]["first_ms"]
             < at["Runner.decode"]["first_ms"]
         )

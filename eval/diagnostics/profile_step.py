@@ -1,6 +1,6 @@
 """Where a Parallel Prompting call spends its GPU time: kernels by category, prefill and decode apart.
 
-    python eval/profile_step.py --model codellama-7b --doc 8192 --questions 64 256 --out $OUT/profile
+    python eval/diagnostics/profile_step.py --model codellama-7b --doc 8192 --questions 64 256 --out $OUT/profile
 
 One warm-up call, then `torch.profiler` over a prefill-only call (max_new_tokens=1) and over a
 call of `--new-tokens` tokens; the decode share is the difference.  Decode steps run eagerly
@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
+
+from bench import build_model  # noqa: E402
 
 import hf_parallel  # noqa: E402
-from eval.bench import build_model  # noqa: E402
 
 GROUPS = (  # (group, substrings of a kernel name), the first match wins
     ("attention", ("stream_attention", "combine_splits", "sdpa", "flash", "fmha")),  # the kernel, and causal SDPA

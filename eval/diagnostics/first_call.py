@@ -2,8 +2,8 @@
 torch.compile (of the layers' norms and MLPs by default, of the whole step with `compile=True`), each in a fresh
 process.
 
-    python eval/first_call.py --model codellama-7b --compile auto false true --out $OUT/first-call.json
-    python eval/first_call.py --model codellama-7b --compile auto true --out $OUT/first-call-again.json  # again
+    python eval/diagnostics/first_call.py --model codellama-7b --compile auto false true --out $OUT/first-call.json
+    python eval/diagnostics/first_call.py --model codellama-7b --compile auto true --out $OUT/first-call-again.json
 
 Each `--compile` value runs in a process of its own (started by this script), so nothing of one is warm in the next
 but what lies on disk: Triton's kernel cache and torch.compile's caches (Inductor's FX graph and AOTAutograd caches,
@@ -41,17 +41,17 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPILE = {"auto": "auto", "layers": "layers", "true": True, "false": False}  # --compile values: generate's option
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
 
 def one_process(args) -> dict:
     import torch._dynamo.utils
+    from bench import BOOK, Workload, book_tokens, build_model, make_prompts
+    from round_profile import CompileTimer
 
     import hf_parallel
-    from eval.bench import BOOK, Workload, book_tokens, build_model, make_prompts
-    from eval.round_profile import CompileTimer
 
     device, compiled = torch.device(args.device), COMPILE[args.compile[0]]  # a child runs one setting
     if args.no_prebuild:  # the ablation: each kernel built at its first launch, on the calling thread
@@ -64,7 +64,7 @@ def one_process(args) -> dict:
 
         generate.import_compiler = lambda: None
     if args.prefill_apart:  # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)
-        from eval.bench import prefill_apart
+        from bench import prefill_apart
 
         prefill_apart().start()
     model = build_model(args.model, device)

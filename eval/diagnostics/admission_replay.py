@@ -9,7 +9,7 @@ tokens together: one pass of generate's processors per cohort and round) and pro
 prefilled (documents copied count again).  A round's admissions are
 counted as prefilled in that round, whatever the prefill chunk.
 
-    python eval/admission_replay.py --capacity 40691 --streams 4096 --questions 64   # corpus_bench, 24 GB
+    python eval/diagnostics/admission_replay.py --capacity 40691 --streams 4096 --questions 64   # corpus_bench, 24 GB
 
 `--exact-room` replays both schedules again with each answer's room its own length, an oracle for answer
 room that grows as the answer does (the row reserves the longest answer's room for every stream now).
@@ -18,17 +18,22 @@ Each schedule's bandwidth bound: per round the weights' read (`--weights-gb`), t
 live stream sees and of every live stream's own question and answer so far (`--slot-bytes` a slot), at
 `--bandwidth`; what no schedule can go below, and the part of it that depends on the schedule.
 
-    python eval/admission_replay.py --capacity 228152 --questions 128 --docs 17   # corpus_bench, the whole GPU
+    python eval/diagnostics/admission_replay.py --capacity 228152 --questions 128 --docs 17  # corpus_bench, whole GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
-from corpus_bench import workload
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
-from hf_parallel.engine.admission import Admission
-from hf_parallel.engine.budget import RowBudget
+from corpus_bench import workload  # noqa: E402
+
+from hf_parallel.engine.admission import Admission  # noqa: E402
+from hf_parallel.engine.budget import RowBudget  # noqa: E402
 
 
 class ExactRoom(Admission):

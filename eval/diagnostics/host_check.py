@@ -1,6 +1,6 @@
 """Host time before a call's first forward: the input checks, the prefix tree and the model's walks, on the CPU.
 
-    python eval/host_check.py --doc 8192 --questions 64 256
+    python eval/diagnostics/host_check.py --doc 8192 --questions 64 256
 
 Prompts are one random document followed by a short random question each; the model is a tiny random Llama with
 a 32k vocabulary and `--layers` layers (the checks read only its config and its module tree: 32 layers have a 7B
@@ -27,10 +27,11 @@ from pathlib import Path
 
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
-from eval.bench import BOOK  # noqa: E402
+from bench import BOOK  # noqa: E402
+
 from hf_parallel.engine import generate  # noqa: E402
 from hf_parallel.frontends.default_model import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
 from hf_parallel.frontends.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402

@@ -7,7 +7,7 @@ speed      random bf16 weights with a gpt-oss-20b shape (MoE, attention sinks, s
 agreement  tiny random-weight gpt-oss and Qwen3.5 in bf16: the Triton path's answers against the dense
            reference path's (fp32 equality with `generate` is the GPU tests' business)
 
-python eval/family_bench.py --out results/families
+python eval/diagnostics/family_bench.py --out results/families
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def speed(shape: str, doc: int, questions: int, answer: int) -> dict:
 
 
 def agreement(arch: str) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ (the tiny models), beside hf_parallel
     from tests.conftest import random_tokens, tiny_model
 
     model = tiny_model(arch, dtype=torch.bfloat16).cuda()

@@ -1,6 +1,6 @@
 """How close a decode step's linear layers come to the copy bandwidth, and what else could run them.
 
-    python eval/gemm_check.py --out $OUT/gemm
+    python eval/diagnostics/gemm_check.py --out $OUT/gemm
 
 A decode step multiplies every weight matrix by a few rows (the live streams), so each linear
 layer should take the time its weight takes to read.  For each linear layer of CodeLlama-7B's
@@ -30,11 +30,11 @@ import torch
 import triton
 import triton.language as tl
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
-from eval.bench import SHAPES  # noqa: E402
-from eval.gpu_kernel_check import copy_bandwidth, measure  # noqa: E402
+from bench import SHAPES  # noqa: E402
+from gpu_kernel_check import copy_bandwidth, measure  # noqa: E402
 
 MODELS = ("codellama-7b", "qwen2.5-7b")  # the benchmark's 7B shapes
 FLUSH_BYTES = 600e6

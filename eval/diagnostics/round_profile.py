@@ -1,6 +1,6 @@
 """Where a corpus call's rounds spend their time: wall time against the GPU's time in the forwards.
 
-    python eval/round_profile.py --model codellama-7b --max-memory 24GB --docs 4 --questions 64 --out $OUT
+    python eval/diagnostics/round_profile.py --model codellama-7b --max-memory 24GB --docs 4 --questions 64 --out $OUT
 
 The workload of `eval/corpus_bench.py` (4k-token documents, answers of 16-512 tokens forced
 through EOS) through one call with continuous refill and one in static waves.  Every forward
@@ -28,12 +28,13 @@ import torch
 import transformers
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
+
+from corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
+from profile_step import group_of  # noqa: E402
 
 import hf_parallel  # noqa: E402
-from eval.corpus_bench import BOOK, SHAPES, ForcedLength, workload  # noqa: E402
-from eval.profile_step import group_of  # noqa: E402
 from hf_parallel.attention.triton import TritonStaticPlan  # noqa: E402
 from hf_parallel.decoding import logits  # noqa: E402
 from hf_parallel.engine.cuda_graphs import DecodeGraphs  # noqa: E402

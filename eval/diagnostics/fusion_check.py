@@ -1,13 +1,14 @@
-"""The layers' compiled parts (`hf_parallel/fusion.py`) with every dimension dynamic against only the token count.
+"""The layers' compiled parts (`hf_parallel/models/compiled_parts.py`), every dimension dynamic against only the
+token count.
 
-    python eval/fusion_check.py > results/gpu/fusion-widths-h200.log
+    python eval/diagnostics/fusion_check.py > results/gpu/fusion-widths-h200.log
 
 Transformers' Llama rotary embedding (`apply_rotary_pos_emb`) and an RMSNorm, each through `torch.compile` as
-fusion.py compiles them (`emulate_precision_casts`), on CodeLlama-7B's and Qwen2.5-7B's widths: first with
+compiled_parts.py compiles them (`emulate_precision_casts`), on CodeLlama-7B's and Qwen2.5-7B's widths: first with
 `dynamic=True` (every dimension symbolic), then with Dynamo's default and the token count marked dynamic (the
 heads, head size and hidden size static), in a process reset between the two.  Each is timed (microseconds,
 `triton.testing.do_bench_cudagraph`) on an 8k-token prefill's q and k (tensors of their own) and on a decode
-step's of 256, 64 and 128 streams (views of one q|k|v projection, as `hf_parallel/projections.py` groups them),
+step's of 256, 64 and 128 streams (views of one q|k|v projection, as `hf_parallel/models/projections.py` groups them),
 in that order, so the second graph is the one compiled again for the views' strides.  Prints a line per shape
 and way: the graphs compiled, then per input its time, the norm's time on [1, n, hidden] and the largest
 difference from the eager rotary embedding.
@@ -15,6 +16,7 @@ difference from the eager rotary embedding.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import torch
 import triton
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package, from a clone
 
 from hf_parallel.models.compiled_parts import OPTIONS  # noqa: E402
 
@@ -42,14 +44,15 @@ def inputs(H, Hkv, D, n, strided):
     return q, k, cos, cos.clone()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     for name, (H, Hkv, D) in SHAPES.items():
         for variant in ("dynamic=True", "token dim"):
             torch._dynamo.reset()
             before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
             dynamic = True if variant == "dynamic=True" else None
             f = torch.compile(apply_rotary_pos_emb, dynamic=dynamic, options=OPTIONS)
-            g = torch.compile(LlamaRMSNorm.forward, dynamic=dynamic, options=OPTIONS)  # as fusion.py: the class's
+            g = torch.compile(LlamaRMSNorm.forward, dynamic=dynamic, options=OPTIONS)  # as compiled_parts: the class's
             norm, res = LlamaRMSNorm(H * D, eps=1e-6).to("cuda", torch.bfloat16), []
             for n, strided in CASES:
                 q, k, c, s = inputs(H, Hkv, D, n, strided)

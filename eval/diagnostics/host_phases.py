@@ -1,6 +1,6 @@
 """The host's time in each phase of one call, unprofiled: where a call's wall time goes beyond the GPU's.
 
-    python eval/host_phases.py --model codellama-7b --doc 8192 16384 --questions 64 256 --new-tokens 1 128
+    python eval/diagnostics/host_phases.py --model codellama-7b --doc 8192 16384 --questions 64 256 --new-tokens 1 128
 
 Wraps the functions on `generate_tokens`' path (the input checks, the prefix tree, the runner's setup, its plans,
 the prefill and decode loops, and the contexts a call enters) with `perf_counter` timers, runs each call
@@ -28,21 +28,26 @@ from unittest import mock
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
-from eval.bench import build_model, generate, timed  # noqa: E402
-from hf_parallel import Session, capture, generation, options, processing, projections, runner, support  # noqa: E402
+from bench import build_model, generate, timed  # noqa: E402
+
+from hf_parallel import Session  # noqa: E402
+from hf_parallel.decoding import generate_request, logits, options  # noqa: E402
+from hf_parallel.engine import generate as call  # noqa: E402
+from hf_parallel.engine import patching, runner  # noqa: E402
+from hf_parallel.models import projections  # noqa: E402
 
 FUNCTIONS = (  # (owner, attribute): each call of it is one entry of its phase
-    (generation, "check_model"), (generation, "as_token_lists"), (options.GenerationOptions, "resolve"),
-    (capture.GenerateRequest, "prepare"), (generation, "check_length"), (generation, "build_layout"),
-    (generation, "in_vocabulary"), (generation, "check_support"), (generation, "row_budget"),
+    (call, "check_model"), (call, "as_token_lists"), (options.GenerationOptions, "resolve"),
+    (generate_request.GenerateRequest, "prepare"), (call, "check_length"), (call, "build_layout"),
+    (call, "in_vocabulary"), (call, "check_support"), (call, "row_budget"),
     (runner.Runner, "__init__"), (runner, "placement"), (projections, "sibling_groups"),
     (runner.Runner, "prefill_chunks"), (runner.Runner, "prebuild_prefill"), (runner.Runner, "prebuild_step"),
-    (runner.Runner, "prefill"), (runner.Runner, "decode"), (processing.Processing, "for_layout"),
+    (runner.Runner, "prefill"), (runner.Runner, "decode"), (logits.Processing, "for_layout"),
 )  # fmt: skip
-CONTEXTS = ((runner, "use_model"), (support, "use_attention"), (support, "fused"), (support, "grouped"))
+CONTEXTS = ((runner, "use_model"), (patching, "use_attention"), (patching, "fused"), (patching, "grouped"))
 
 
 class Phases:
@@ -91,7 +96,7 @@ class Phases:
         with contextlib.ExitStack() as stack:
             for owner, attr in FUNCTIONS:
                 raw = inspect.getattr_static(owner, attr)
-                name = f"{owner.__name__.rpartition('.')[2]}.{attr}"  # module or class, then the attribute
+                name = f"{owner.__name__.rpartition('.')[2]}.{attr}"  # its owner, then itself
                 if isinstance(raw, classmethod):
                     patched = classmethod(self.timed(name, raw.__func__))
                 else:

@@ -1,6 +1,6 @@
 """SmolLM2 on the GPU: the Triton path against plain `model.generate` (fp32) and the reference path (bf16).
 
-    python eval/gpu_smollm2.py --data ../shared/data/squad-dev-v1.1.json.zip --out results/gpu
+    python eval/diagnostics/gpu_smollm2.py --data ../shared/data/squad-dev-v1.1.json.zip --out results/gpu
 
 fp32, greedy: every stream's tokens must equal `model.generate` for its question alone.
 bf16: the Triton path's answers (the defaults: the layers' norms and MLPs compiled on CUDA) are compared with the

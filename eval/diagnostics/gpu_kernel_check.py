@@ -1,6 +1,6 @@
 """GPU check of the Triton stream-id kernel: its tests at full size, then decode-step timings.
 
-    PYTHONUNBUFFERED=1 python3 eval/gpu_kernel_check.py --out $OUT
+    PYTHONUNBUFFERED=1 python3 eval/diagnostics/gpu_kernel_check.py --out $OUT
 
 1. `pytest tests/test_triton_kernel.py` on the GPU (log: pytest.log).
 2. One decode step's attention per layer: a CUDA graph over enough layers (each its own K/V)
@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 import triton
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402

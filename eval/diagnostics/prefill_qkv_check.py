@@ -1,6 +1,6 @@
 """A prefill chunk's q, k and v as columns of one output, against each a tensor of its own: values and time.
 
-    python eval/prefill_qkv_check.py --out $OUT/prefill-qkv.json
+    python eval/diagnostics/prefill_qkv_check.py --out $OUT/prefill-qkv.json
 
 Where a GPU runs the model, `hf_parallel.models.projections` gives an input of more than `MOST_ROWS` rows (a prefill
 chunk) each member's own GEMM, its output filling its columns of one tensor (`ProjectionGroup.outputs`), so that the
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
-from eval.bench import SHAPES  # noqa: E402
+from bench import SHAPES  # noqa: E402
+
 from hf_parallel.models.projections import ProjectionGroup  # noqa: E402
 
 
