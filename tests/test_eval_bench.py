@@ -332,9 +332,7 @@ def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
     for row in report:
         at = {p["phase"]: p for p in row["phases"]}
         assert (
-            at["generate.build_layout"]["first_ms"]
-            < at["Runner.prefill"]["first_ms"]
-            < at["Runner.decode"]["first_ms"]
+            at["generate.build_layout"]["first_ms"] < at["Runner.prefill"]["first_ms"] < at["Runner.decode"]["first_ms"]
         )
         assert at["GenerateRequest.prepare"]["calls"] >= 1 and at["use_model enter"]["calls"] == 1
         assert all(p["first_ms"] + p["ms"] <= row["wall_ms"] + 0.1 for p in row["phases"])
