@@ -7,8 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-import torch
+# pytest-xdist runs a worker per core: each computes on one thread (its own processes' too), since two threads a
+# worker would contend for the cores, and a tiny model's small operations run slower on two threads than on one
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 if not torch.cuda.is_available():  # Triton kernels run under its interpreter on the CPU (set before triton loads)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -138,6 +145,13 @@ def generate_alone(model, prompt: list[int], max_new_tokens: int, eos=None) -> l
 
 if os.environ.get("HF_HUB_OFFLINE") is None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub
+
+
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (`--dist loadgroup`), the tests that use SmolLM2 run on one worker, which loads it once."""
+    for item in items:
+        if "smollm2" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("smollm2"))
 
 
 def pytest_addoption(parser):

@@ -31,13 +31,21 @@ def _tree(gen):
     return prompts + [prompts[0], other + random_tokens(4, gen)]
 
 
-@pytest.mark.parametrize("chunk", [None, 7])
-def test_tree_with_streams_stopping_at_different_steps(family_model, chunk):
+@pytest.fixture(scope="module")
+def tree_alone(family_model):
+    """The tree's prompts, EOS tokens that stop streams at different steps, and each prompt's `model.generate`
+    answer alone (once per model, for every chunk size)."""
     prompts = _tree(torch.Generator().manual_seed(2))
     free = [generate_alone(family_model, p, 8) for p in prompts]
     eos = sorted({free[0][2], free[4][5]})
+    return prompts, eos, [generate_alone(family_model, p, 8, eos) for p in prompts]
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_tree_with_streams_stopping_at_different_steps(family_model, tree_alone, chunk):
+    prompts, eos, alone = tree_alone
     got = generate_tokens(family_model, prompts, max_new_tokens=8, eos_token_id=eos, prefill_chunk=chunk)
-    assert got == [generate_alone(family_model, p, 8, eos) for p in prompts]
+    assert got == alone
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)

@@ -12,6 +12,7 @@ import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
 from hf_parallel.decoding.options import parse_memory
+from hf_parallel.engine.admission import Admission
 from hf_parallel.engine.budget import row_budget
 from hf_parallel.engine.patching import Support
 from hf_parallel.engine.probe import check_support
@@ -79,13 +80,25 @@ def test_a_document_admitted_into_the_last_room_does_not_take_its_questions_one_
     assert forwards[0] <= (4 + 1) * NEW
 
 
-def test_triton_path_with_refill():
+def test_triton_path_with_refill(monkeypatch):
+    """The Triton kernel (its interpreter on the CPU) over a refilled row: prompts admitted while others decode."""
     model = tiny_model("qwen2").to("cuda" if torch.cuda.is_available() else "cpu")
-    prompts = corpus(1, docs=3, questions=4)
+    prompts = corpus(1, docs=2, questions=4)
+    capacity = 60
+    assert build_layout(prompts, NEW).num_slots >= 2 * capacity  # two rows' worth at least
+    admit, refills = Admission.admit, []
+
+    def admitting(self, live):
+        admitted = admit(self, live)
+        refills.extend([live] if admitted and live else [])
+        return admitted
+
+    monkeypatch.setattr(Admission, "admit", admitting)
     eos = [generate_alone(model, prompts[1], NEW)[3]]
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",
-                          max_memory=max_memory_for(model, 60))  # fmt: skip
+                          max_memory=max_memory_for(model, capacity))  # fmt: skip
     assert got == expected(model, prompts, eos)
+    assert refills  # some prompts were admitted beside live streams
 
 
 def test_recurrent_layers_run_in_waves():

@@ -613,7 +613,12 @@ def test_backend_plans_once_and_every_layer_runs_on_it(streams_per_tile):
 
 # -- causal runs: a prefill forward's document tokens through causal SDPA, the rest through the kernel --
 
-RUN = tile_plans.MIN_CAUSAL_RUN
+RUN = tile_plans.MIN_CAUSAL_RUN if CUDA else 32  # the interpreter: runs of a few dozen tokens, as small shapes
+
+
+def run_backend() -> TritonBackend:
+    """The Triton backend with runs of RUN tokens or more through causal SDPA."""
+    return TritonBackend(min_causal_run=RUN)
 
 
 def two_documents(seed: int, max_new_tokens: int = 4):
@@ -635,7 +640,7 @@ def test_causal_runs_through_sdpa_match_the_reference(chunk, heads, dtype):
     doc_len = len(prompts[0]) - 3
     q_slot = {"whole": slots, "tail": slots[doc_len - RUN - 20 : doc_len], "mixed": slots[doc_len - RUN - 8 :]}[chunk]
     row = Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group=heads[0] // heads[1])
-    plan = TritonBackend().plan(row, q_slot.to(DEVICE))
+    plan = run_backend().plan(row, q_slot.to(DEVICE))
     runs = [(r.first, r.stop, r.key_start) for r in plan.runs]
     if chunk == "tail":  # a later chunk of the document: its queries see the chunks before (bottom-right causal)
         assert runs == [(0, RUN + 20, 0)]
@@ -649,7 +654,7 @@ def test_causal_runs_through_sdpa_match_the_reference(chunk, heads, dtype):
     q, k, v = random_qkv(plan, *heads, 16 if not CUDA else 128, dtype, seed=1)
     atol, rtol = TOLERANCE[dtype]
     for window in (None, 50):  # a sliding window: the kernel computes every query
-        out = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan, sliding_window=window)[0]
+        out = run_backend().attention(MODULE, q, k, v, None, pp_plan=plan, sliding_window=window)[0]
         want = reference_attention(MODULE, q.float(), k.float(), v.float(), None, pp_plan=plan, sliding_window=window)
         torch.testing.assert_close(out.float(), want[0], atol=atol, rtol=rtol)
 
@@ -669,10 +674,10 @@ def test_a_chunk_of_one_document_returns_sdpa_output_uncopied(heads, monkeypatch
         launcher.F, "scaled_dot_product_attention", lambda *a, **k: made.append(sdpa(*a, **k)) or made[-1]
     )
     for q_slot, alone in ((slots[:doc_len], True), (slots[: doc_len + 3], False)):
-        plan = TritonBackend().plan(row, q_slot.to(DEVICE))
+        plan = run_backend().plan(row, q_slot.to(DEVICE))
         q, k, v = random_qkv(plan, *heads, 16, torch.float32, seed=2)
         made.clear()
-        out = TritonBackend().attention(MODULE, q, k, v, None, pp_plan=plan)[0]
+        out = run_backend().attention(MODULE, q, k, v, None, pp_plan=plan)[0]
         assert len(made) == 1 and out.shape == (1, len(q_slot), heads[0], 16)
         shares = out.untyped_storage().data_ptr() == made[0].untyped_storage().data_ptr()
         assert shares == alone
@@ -682,11 +687,11 @@ def test_a_chunk_of_one_document_returns_sdpa_output_uncopied(heads, monkeypatch
 
 def test_decode_steps_and_short_documents_have_no_runs():
     layout, _ = two_documents(seed=3)
-    assert tile_plans.causal_runs(layout, layout.answer_slots[:, 0]) == ()
+    assert tile_plans.causal_runs(layout, layout.answer_slots[:, 0], RUN) == ()
     short = build_layout([[1] * (RUN - 1) + [2], [1] * (RUN - 1) + [3]], 3)  # a document one token short of a run
-    assert tile_plans.causal_runs(short, short.prompt_slots()[0]) == ()
+    assert tile_plans.causal_runs(short, short.prompt_slots()[0], RUN) == ()
     interleaved, _ = build_layout([[1] * (RUN + 3) + [2]], 3, interleaved=True), None
-    assert tile_plans.causal_runs(interleaved, interleaved.answer_slots[0]) == ()
+    assert tile_plans.causal_runs(interleaved, interleaved.answer_slots[0], RUN) == ()
 
 
 def test_long_documents_generate_as_model_generate():
@@ -696,8 +701,8 @@ def test_long_documents_generate_as_model_generate():
     opts = GenerationOptions.resolve(model, max_new_tokens=5, eos_token_id=[], cuda_graphs=False, attn="triton",
                                      prefill_chunk=RUN + 100)  # fmt: skip
     layout = build_layout(prompts, 5)
-    assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100])  # the SDPA path does run
-    got = Runner(model, layout, opts, TritonBackend(), check_support(model)).run()
+    assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100], RUN)  # the SDPA path does run
+    got = Runner(model, layout, opts, run_backend(), check_support(model)).run()
     assert got == [generate_alone(model, p, 5) for p in prompts]
 
 

@@ -29,7 +29,7 @@ from ..kernels import stream_attention as kernels
 from ..row.plan import AttentionPlan, Row, SlotIds
 from .backend import AttentionBackend, AttentionCall
 from .reference import check_attention_call, plan_on
-from .tiles import MIN_DOT_ROWS, CausalRun, TilePlan, build_tile_plan, causal_runs, segment_table
+from .tiles import MIN_CAUSAL_RUN, MIN_DOT_ROWS, CausalRun, TilePlan, build_tile_plan, causal_runs, segment_table
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
@@ -92,6 +92,8 @@ class TritonBackend(AttentionBackend):
         the document once per stream, as a prefix-caching server does: the benchmark's P = 1.
     causal_prefill: a prefill forward's document tokens through causal SDPA (False: the kernel
         computes every query; the benchmark's ablation).
+    min_causal_run: the fewest consecutive tokens of one segment that go through SDPA (`causal_runs`); shorter
+        runs stay in the kernel's tiles.
     own_tiles: "auto", "overlap", "serial" or None: decode forwards (one query per stream) of a stream-major
         row run two plans, the segments several streams see in packed tiles and each stream's own (its question
         and answer) in tiles of one dot's rows (`own_streams_per_tile`), so a stream's own keys meet only its
@@ -101,17 +103,24 @@ class TritonBackend(AttentionBackend):
         `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head, else None (one plan: with short
         answers or many query heads per KV head the second launch costs more than it saves; docs/benchmarks.md,
         "Own keys in tiles of their own").
-    Raises ValueError for a `streams_per_tile` below 1 or an unknown `own_tiles`.
+    Raises ValueError for a `streams_per_tile` or `min_causal_run` below 1, or an unknown `own_tiles`.
     """
 
     name = "hf_parallel_triton"
     prefill_chunk = 8192  # no dense mask to bound it, and fewer forwards cost less host time
 
     def __init__(
-        self, streams_per_tile: int | None = None, causal_prefill: bool = True, own_tiles: str | None = "auto"
+        self,
+        streams_per_tile: int | None = None,
+        causal_prefill: bool = True,
+        own_tiles: str | None = "auto",
+        min_causal_run: int = MIN_CAUSAL_RUN,
     ):
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
+        if min_causal_run < 1:
+            raise ValueError(f"min_causal_run must be >= 1, got {min_causal_run}")
+        self.min_causal_run = min_causal_run
         if own_tiles not in ("auto", "overlap", "serial", None):
             raise ValueError(f"own_tiles must be 'auto', 'overlap', 'serial' or None, got {own_tiles!r}")
         self.streams_per_tile, self.causal_prefill, self.own_tiles = streams_per_tile, causal_prefill, own_tiles
@@ -168,7 +177,7 @@ class TritonBackend(AttentionBackend):
                 tiles=build_tile_plan(*args, part="shared"),
                 own_tiles=own_plan(row, host, device=row.device),
             )
-        runs = causal_runs(row.layout, host) if self.causal_prefill else ()
+        runs = causal_runs(row.layout, host, self.min_causal_run) if self.causal_prefill else ()
         run_tiles = build_tile_plan(*args, skip=runs) if runs else None
         return TritonPlan.for_slots(
             q_slot, row.ids, kv_len, tiles=build_tile_plan(*args), runs=runs, run_tiles=run_tiles
