@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from hf_parallel import cli
+from hf_parallel.cli.usage import UsageParser
+from hf_parallel.decoding.options import DEFAULT_MAX_NEW_TOKENS
 from hf_parallel.evaluation import config, quality
 
 from .conftest import tiny_model
@@ -22,11 +24,11 @@ SQUAD_FORMAT = "SQuAD v1.1 dev JSON"
 
 
 def usage_error(capsys, argv: list[str]) -> str:
-    """`hf-parallel argv` in-process; checks it exits as a usage error and returns its stderr."""
+    """`hf-parallel argv` in-process; checks it exits as a usage error without the usage block, returns its stderr."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "Traceback" not in err
+    assert exit_.value.code == 2 and "Traceback" not in err and "usage:" not in err
     return err
 
 
@@ -47,6 +49,8 @@ def test_eval_without_the_offline_copy_says_where_it_looked(tmp_path, monkeypatc
     err = usage_error(capsys, ["eval", "--limit", "3"])
     assert "hf-parallel eval: error: the offline copy of squad was not found at" in err
     assert str(absent / "squad-dev-v1.1.json.zip") in err and "--data FILE" in err and "`datasets` name" in err
+    assert "from https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v1.1.json" in err  # where to get it
+    assert err.count("\n") == 1  # one line
 
 
 def _write(path: Path, content: bytes | str) -> Path:
@@ -106,6 +110,63 @@ def test_demo_needs_a_positive_max_new_tokens(monkeypatch, capsys, value):
     monkeypatch.setattr("hf_parallel.frontends.demo.run", lambda **kwargs: ran.append(kwargs))
     err = usage_error(capsys, ["demo", "--max-new-tokens", value])
     assert "hf-parallel demo: error: argument --max-new-tokens:" in err and ">= 1" in err and not ran
+
+
+def test_a_usage_error_is_one_line_and_a_pointer_to_help(capsys):
+    """A flag argparse or the config refuses: the message, then where the options are; no usage block."""
+    err = usage_error(capsys, ["answer", "--document", "doc.txt", "--questions", "q.txt", "--dtype", "int8"])
+    assert err.splitlines() == [
+        "hf-parallel answer: error: argument --dtype: invalid choice: 'int8' (choose from 'auto', 'float32', "
+        "'bfloat16', 'float16')",
+        "(hf-parallel answer --help lists the options)",
+    ]
+    assert usage_error(capsys, ["answer", "--document", "doc.txt"]).splitlines() == [
+        "hf-parallel answer: error: --document needs --questions",
+        "(hf-parallel answer --help lists the options)",
+    ]
+    assert usage_error(capsys, ["answer", "--document", "doc.txt", "--questions", "q.txt", "--bogus"]).startswith(
+        "hf-parallel answer: error: unrecognized arguments: --bogus\n"
+    )
+    assert usage_error(capsys, []).startswith("hf-parallel: error: the following arguments are required: COMMAND\n")
+    assert usage_error(capsys, ["eval", "--limit", "0"]).startswith("hf-parallel eval: error: limit must be >= 1")
+
+
+def help_text(capsys, argv: list[str]) -> str:
+    """`hf-parallel argv --help`'s output, its whitespace folded."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--help"])
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_max_new_tokens_help_says_what_is_used(capsys):
+    said = help_text(capsys, ["answer"])
+    assert (
+        "--max-new-tokens N per answer (default: the model's generation_config max_new_tokens, else its max_length "
+        f"less the prompt, else {DEFAULT_MAX_NEW_TOKENS})"
+    ) in said
+
+
+def test_every_command_and_flag_has_help(capsys):
+    assert "Ten questions about a built-in passage" in help_text(capsys, ["demo"])
+    assert "--max-new-tokens N per answer (default: 48)" in help_text(capsys, ["demo"])
+    parser = UsageParser()
+    config.add_arguments(parser)
+    assert [action.dest for action in parser._actions if not action.help] == []
+    said = help_text(capsys, ["eval"])
+    assert "--model DIR_OR_HUB_ID a model directory, or a hub id" in said
+    assert "--attn {auto,reference,triton} parallel prompting's attention path" in said
+
+
+def test_eval_with_a_model_directory(tmp_path, capsys, no_model):
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    char_tokenizer().save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "report.json"
+    cli.main(["eval", "--data", str(squad_file(tmp_path)), "--model", str(tmp_path / "tiny"), "--max-new-tokens", "2",
+              "--resamples", "10", "--out", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["model"] == str(tmp_path / "tiny") and report["config"]["model"] == str(tmp_path / "tiny")
+    assert report["n_questions"] == 1 and "| parallel |" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- eval: checkpoint and merge

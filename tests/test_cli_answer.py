@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 import hf_parallel.frontends.corpus as corpus
+import hf_parallel.frontends.prompting as prompting
 from hf_parallel import cli, generate_parallel
+from hf_parallel.cli.answer import AnswerConfig
 
 from .conftest import tiny_model
 from .test_cli import usage_error
@@ -204,9 +208,75 @@ def test_usage_errors(tmp_path, capsys, no_model, flags, message):
 
 def test_a_model_that_cannot_be_loaded(tmp_path, capsys):
     files = _files(tmp_path)
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
     err = usage_error(capsys, ["answer", "--document", files["doc.txt"], "--questions", files["q.txt"],
-                               "--model", str(tmp_path / "no-such-model")])  # fmt: skip
-    assert f"hf-parallel answer: error: cannot load the model {tmp_path / 'no-such-model'}: " in err
+                               "--model", str(folder)])  # fmt: skip
+    assert err.startswith(f"hf-parallel answer: error: cannot load the model {folder}: ") and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- generation flags
+
+
+def test_each_flag_is_a_field_of_the_config(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["answer", "--help"])
+    flags = set(re.findall(r"--[a-z-]+", capsys.readouterr().out.split("options:")[1]))
+    assert flags == {"--help", "--no-progress"} | {"--" + f.name.replace("_", "-") for f in fields(AnswerConfig)}
+
+
+FLAGS = ["--attn", "reference", "--max-memory", "1GiB", "--prefill-chunk", "16", "--seed", "7", "--max-new-tokens", "3"]
+OPTIONS = {"attn": "reference", "max_memory": "1GiB", "prefill_chunk": 16, "seed": 7, "max_new_tokens": 3}
+
+
+@pytest.mark.parametrize("sampling, options", [
+    ([], {}),
+    (["--temperature", "0.7"], {"temperature": 0.7, "do_sample": True}),
+    (["--top-p", "0.9"], {"top_p": 0.9, "do_sample": True}),
+    (["--temperature", "0.7", "--top-p", "0.9"], {"temperature": 0.7, "top_p": 0.9, "do_sample": True}),
+    (["--temperature", "0"], {"do_sample": False}),
+])  # fmt: skip
+@pytest.mark.parametrize("mode", ["document", "corpus"])
+def test_generation_flags_reach_the_generate_call(monkeypatch, capsys, tmp_path, sampling, options, mode):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    seen = []
+    module = corpus if mode == "corpus" else prompting
+    generate = module.generate_tokens
+    monkeypatch.setattr(module, "generate_tokens", lambda model, prompts, **o: seen.append(o) or
+                        generate(model, prompts, **o))  # fmt: skip
+    files = _files(tmp_path)
+    inputs = {"document": ["--document", files["doc.txt"], "--questions", files["q.txt"]],
+              "corpus": ["--corpus", files["in.jsonl"], "--out", str(tmp_path / "out.jsonl")]}[mode]  # fmt: skip
+    cli.main(["answer", *inputs, *FLAGS, *sampling])
+    assert seen and all({k: o.get(k) for k in (*OPTIONS, *options)} == OPTIONS | options for o in seen)
+    assert all(k not in o for o in seen for k in ("temperature", "top_p", "do_sample") if k not in options)
+
+
+def test_sampling_with_a_seed_repeats_and_differs_from_greedy(monkeypatch, capsys, tmp_path):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    files = _files(tmp_path)
+    argv = ["answer", "--document", files["doc.txt"], "--questions", files["q.txt"], "--max-new-tokens", "12"]
+    printed = []
+    for flags in (["--temperature", "1.5", "--seed", "3"], ["--temperature", "1.5", "--seed", "3"], []):
+        cli.main([*argv, *flags])
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] != printed[2]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+    (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+    (["--temperature", "0", "--top-p", "0.5"], "--top-p samples, and --temperature 0 decodes greedily"),
+    (["--max-memory", "lots"], "max_memory 'lots' is not a size such as '40GiB'"),
+    (["--max-memory", "0GiB"], "max_memory must be positive, got '0GiB'"),
+    (["--prefill-chunk", "0"], "argument --prefill-chunk: must be >= 1, got 0"),
+    (["--attn", "flash"], "argument --attn: invalid choice: 'flash'"),
+])  # fmt: skip
+def test_generation_flag_values_refused(capsys, tmp_path, no_model, flags, message):
+    files = _files(tmp_path)
+    err = usage_error(capsys, ["answer", "--document", files["doc.txt"], "--questions", files["q.txt"], *flags])
+    assert err.startswith(f"hf-parallel answer: error: {message}")
 
 
 def test_the_script_exits_with_a_usage_error(tmp_path):

@@ -13,12 +13,13 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from hf_parallel.cli.evaluate import main, parse_config
 from hf_parallel.evaluation.config import QualityConfig, add_arguments
 from hf_parallel.evaluation.loaders import load_quac
 from hf_parallel.evaluation.methods import StopAtString
 from hf_parallel.evaluation.metrics import squad_f1
 from hf_parallel.evaluation.prompts import postprocess, question_prompts
-from hf_parallel.evaluation.quality import main, parse_config, run
+from hf_parallel.evaluation.quality import run
 from hf_parallel.evaluation.report import merge_reports, paired_bootstrap, read_report
 
 from .conftest import VOCAB, tiny_model

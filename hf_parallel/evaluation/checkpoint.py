@@ -9,6 +9,9 @@ from pathlib import Path
 from ..frontends.jsonlines import CheckpointError, append_json_lines, read_json_lines
 from .config import QualityConfig
 
+# What shapes a run's generate calls: a checkpoint written with other values holds other calls.
+CALL_SHAPE = "dataset max_new_tokens standard_batch_size docs_per_call batch_rows dtype device attn".split()
+
 
 class Checkpoint:
     """A run's finished generate calls, one JSON line each after a header line saying which run it is.
@@ -48,7 +51,10 @@ def checkpoint_header(config: QualityConfig, items, model_name: str) -> dict:
     items: the run's (document, item) pairs, in order.
     """
     ids = hashlib.sha1("\n".join(item.id for _, item in items).encode()).hexdigest()
-    keep = ("dataset", "max_new_tokens", "standard_batch_size", "docs_per_call", "batch_rows", "dtype", "device",
-            "attn")  # fmt: skip
-    return {"hf_parallel_quality_checkpoint": 1, "model": model_name, "questions": len(items), "question_ids": ids,
-            **{k: getattr(config, k) for k in keep}}  # fmt: skip
+    return {
+        "hf_parallel_quality_checkpoint": 1,
+        "model": model_name,
+        "questions": len(items),
+        "question_ids": ids,
+        **{k: getattr(config, k) for k in CALL_SHAPE},
+    }

@@ -86,7 +86,7 @@ def _local_path(source: Source) -> Path | None:
 def _hf_rows(name: str, split: str = "validation") -> Iterable[dict[str, Any]]:
     """Rows of a Hugging Face dataset; needs the optional ``datasets`` package."""
     try:
-        import datasets
+        import datasets  # optional: only a source that is no file needs the `datasets` package
     except ImportError as error:
         raise ImportError(
             f"{name!r} is not an existing file, so it was taken as a Hugging Face dataset "
@@ -258,8 +258,7 @@ FORMATS = {
 }
 # What reading a source that is not the dataset's format raises: a missing or unreadable
 # file, bad JSON or UTF-8, a bad zip, JSON of another shape, a name without `datasets`.
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ImportError,
-                zipfile.BadZipFile)  # fmt: skip
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, ImportError, zipfile.BadZipFile)
 
 
 class DatasetFileError(ValueError):

@@ -48,8 +48,10 @@ def standard_calls(model, tokenizer, prompts, config: QualityConfig, eos, pad) -
     def call(rows):
         return _decode(tokenizer, generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens, eos, pad))
 
-    return [GenerateCall(rows, len(rows), lambda rows=rows: call(rows))
-            for rows in _slices(order, config.standard_batch_size)]  # fmt: skip
+    return [
+        GenerateCall(rows, len(rows), lambda rows=rows: call(rows))
+        for rows in _slices(order, config.standard_batch_size)
+    ]
 
 
 def parallel_calls(model, tokenizer, per_document, config: QualityConfig, eos) -> list[GenerateCall]:
@@ -58,8 +60,9 @@ def parallel_calls(model, tokenizer, per_document, config: QualityConfig, eos) -
 
     def call(docs):
         prompts = [p for d in docs for p in per_document[d]]
-        answers = generate_tokens(model, prompts, max_new_tokens=config.max_new_tokens, eos_token_id=eos,
-                                  do_sample=False, attn=config.attn)  # fmt: skip
+        answers = generate_tokens(
+            model, prompts, max_new_tokens=config.max_new_tokens, eos_token_id=eos, do_sample=False, attn=config.attn
+        )
         return _decode(tokenizer, [_until_eos(a, set(eos)) for a in answers])
 
     calls = []
@@ -84,11 +87,15 @@ def batch_calls(model, tokenizer, documents, prompts, config: QualityConfig, eos
         width = max(len(prompts[i]) for i in rows)
         stop = StopAtString(tokenizer, [f"A{n + 1}:" for n in counts], width)
         new = generate_rows(model, [prompts[i] for i in rows], config.max_new_tokens * max(counts), eos, pad, stop)
-        return [tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
-                for n, tokens in zip(counts, new)]  # fmt: skip
+        return [
+            tokenizer.decode(tokens[: config.max_new_tokens * n], skip_special_tokens=True)
+            for n, tokens in zip(counts, new)
+        ]
 
-    return [GenerateCall(rows, sum(len(documents[i].items) for i in rows), lambda rows=rows: call(rows))
-            for rows in _slices(order, config.batch_rows)]  # fmt: skip
+    return [
+        GenerateCall(rows, sum(len(documents[i].items) for i in rows), lambda rows=rows: call(rows))
+        for rows in _slices(order, config.batch_rows)
+    ]
 
 
 def execute(method: str, calls: list[GenerateCall], size: int, model, bar, checkpoint: Checkpoint | None = None):
@@ -113,8 +120,9 @@ def execute(method: str, calls: list[GenerateCall], size: int, model, bar, check
     return outputs, seconds, resumed
 
 
-def generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int,
-                   stop=None) -> list[list[int]]:  # fmt: skip
+def generate_rows(
+    model, prompts: list[list[int]], max_new_tokens: int, eos: list[int], pad: int, stop=None
+) -> list[list[int]]:
     """Plain greedy `model.generate` over left-padded independent prompts; new tokens before EOS.
 
     stop: optional `StoppingCriteria` for `generate` (per row).
@@ -123,8 +131,15 @@ def generate_rows(model, prompts: list[list[int]], max_new_tokens: int, eos: lis
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     extra = {"stopping_criteria": StoppingCriteriaList([stop])} if stop is not None else {}
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=eos, pad_token_id=pad, **extra)  # fmt: skip
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        **extra,
+    )
     return [_until_eos(row, set(eos)) for row in out[:, width:].tolist()]
 
 

@@ -16,10 +16,8 @@ again with that file skips the calls it holds (their recorded seconds still coun
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -28,13 +26,14 @@ import transformers
 from tqdm.auto import tqdm
 
 from ..decoding.inputs import eos_token_ids
+from ..frontends.model_loading import DEFAULT_NAME, load_model
 from .batch_prompting import parse_batch_answers
-from .checkpoint import Checkpoint, CheckpointError, checkpoint_header
-from .config import OFFLINE_DATA, SHARED_DATA, QualityConfig, add_arguments
+from .checkpoint import Checkpoint, checkpoint_header
+from .config import DOWNLOADS, OFFLINE_DATA, SHARED_DATA, QualityConfig
 from .loaders import FORMATS, DatasetFileError, QADocument, load_documents
 from .methods import batch_calls, execute, parallel_calls, standard_calls
 from .prompts import batch_prompt, postprocess, question_prompts
-from .report import merge_reports, read_report, score, summarize, table
+from .report import score, summarize, table
 
 
 def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfig, model_name: str = "") -> dict:
@@ -63,12 +62,17 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
             raw[m] = [a for d, text in zip(documents, batch_raw) for a in parse_batch_answers(text, len(d.items))]
     records = _records(items, raw, config)
     return {
-        "dataset": config.dataset, "model": model_name or type(model).__name__, "config": asdict(config),
-        "n_questions": len(items), "n_documents": len(documents), "environment": _environment(load_before),
+        "dataset": config.dataset,
+        "model": model_name or type(model).__name__,
+        "config": asdict(config),
+        "n_questions": len(items),
+        "n_documents": len(documents),
+        "environment": _environment(load_before),
         "summary": summarize(config.dataset, records, config.methods, wall, config),
         "resumed_calls": resumed,  # generate calls taken from the checkpoint (their recorded seconds counted)
-        "batch_outputs": batch_raw, "questions": records,
-    }  # fmt: skip
+        "batch_outputs": batch_raw,
+        "questions": records,
+    }
 
 
 def _records(items, raw: dict, config: QualityConfig) -> list[dict]:
@@ -76,33 +80,45 @@ def _records(items, raw: dict, config: QualityConfig) -> list[dict]:
     records = []
     for i, (document, item) in enumerate(items):
         predictions = {m: postprocess(raw[m][i], config.dataset) for m in config.methods}
-        records.append({"id": item.id, "document": document.id, "question": item.question, "answers": item.answers,
-                        "raw": {m: raw[m][i] for m in config.methods}, "predictions": predictions,
-                        "scores": {m: score(config.dataset, p, item) for m, p in predictions.items()}})  # fmt: skip
+        records.append(
+            {
+                "id": item.id,
+                "document": document.id,
+                "question": item.question,
+                "answers": item.answers,
+                "raw": {m: raw[m][i] for m in config.methods},
+                "predictions": predictions,
+                "scores": {m: score(config.dataset, p, item) for m, p in predictions.items()},
+            }
+        )
     return records
 
 
 def _environment(load_before) -> dict:
     """What the timings ran on, and how busy the machine was before and after."""
-    return {"torch": torch.__version__, "transformers": transformers.__version__,
-            "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-            "load_average_before": load_before, "load_average_after": os.getloadavg()}  # fmt: skip
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
 
 
 def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
-    """Load the data (and SmolLM2 unless given a model), evaluate, write JSON and table, print the table.
+    """Load the data (and `config.model` unless given a model), evaluate, write JSON and table, print the table.
 
-    Data that cannot be read raises `DatasetFileError`; a checkpoint of another run, `CheckpointError`.
+    Data that cannot be read raises `DatasetFileError`; a model that cannot be loaded, `ModelSourceError`;
+    a checkpoint of another run, `CheckpointError`.
     """
     documents = _load_documents(config)
-    name = type(model).__name__ if model is not None else "SmolLM2-135M-Instruct"
+    name = type(model).__name__ if model is not None else config.model or DEFAULT_NAME
     if model is None:
-        from ..frontends.default_model import load_smollm2
-
-        model, tokenizer = load_smollm2(getattr(torch, config.dtype), config.device)
+        model, tokenizer = load_model(config.model, getattr(torch, config.dtype), config.device)
     report = evaluate(model, tokenizer, documents, config, name)
     if config.out:
-        _write(report, Path(config.out))
+        write_report(report, Path(config.out))
     print(table(report))
     return report
 
@@ -111,63 +127,16 @@ def _load_documents(config: QualityConfig) -> list[QADocument]:
     """The config's documents; the offline copy, when it is the default and absent, gets its own message."""
     offline = SHARED_DATA / OFFLINE_DATA[config.dataset] if config.dataset in OFFLINE_DATA else None
     if offline is not None and config.data == str(offline) and not offline.exists():
-        raise DatasetFileError(f"the offline copy of {config.dataset} was not found at {offline}; pass --data FILE "
-                               f"({FORMATS[config.dataset]}) or a `datasets` name")  # fmt: skip
+        raise DatasetFileError(
+            f"the offline copy of {config.dataset} was not found at {offline} (the folder ../shared/data/ beside "
+            f"the repository); download {FORMATS[config.dataset]} from {DOWNLOADS[config.dataset]} and pass "
+            "--data FILE, or pass a `datasets` name"
+        )
     return load_documents(config.dataset, config.data, config.limit)
 
 
-def merge_main(argv: list[str] | None = None, prog: str = "quality.py merge") -> None:
-    """`python eval/quality.py merge A.json B.json --out C.json`: see `merge_reports`."""
-    parser = argparse.ArgumentParser(prog=prog, description=merge_reports.__doc__)
-    parser.add_argument("reports", nargs="+", help="report JSONs (.json or .json.gz)")
-    parser.add_argument("--out", required=True, help="merged JSON path; the table goes beside it as .md")
-    args = parser.parse_args(argv)
-    reports = []
-    for path in args.reports:
-        try:
-            reports.append(read_report(path))
-        except (OSError, ValueError) as error:  # missing, not gzip, not JSON, not a report
-            parser.error(f"cannot read the report {path}: {error}")
-    try:
-        report = merge_reports(reports)
-    except ValueError as error:  # reports of other questions, models or settings
-        parser.error(str(error))
-    _write(report, Path(args.out))
-    print(table(report))
-
-
-def _write(report: dict, out: Path) -> None:
+def write_report(report: dict, out: Path) -> None:
     """The report as JSON at `out`, its table beside it as .md."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
     out.with_suffix(".md").write_text(table(report) + "\n")
-
-
-def parse_config(argv: list[str] | None = None, prog: str | None = None) -> QualityConfig:
-    """The config from command-line flags; a value the config refuses is a usage error (exit status 2)."""
-    parser = _parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        return QualityConfig(**vars(args))
-    except ValueError as error:
-        parser.error(str(error))
-
-
-def main(argv: list[str] | None = None, prog: str | None = None) -> None:
-    """`python eval/quality.py [flags]` or `... merge A.json B.json --out C.json`; wrong input is a usage error."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["merge"]:
-        return merge_main(argv[1:], f"{prog} merge" if prog else "quality.py merge")
-    config = parse_config(argv, prog)
-    try:
-        run(config)
-    except (DatasetFileError, CheckpointError) as error:  # the user's --data or --checkpoint, not a bug
-        _parser(prog).error(str(error))
-
-
-def _parser(prog: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_arguments(parser)
-    return parser

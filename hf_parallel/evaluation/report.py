@@ -40,12 +40,8 @@ def paired_bootstrap(base, other, resamples: int = 1000, seed: int = 0, level: f
     if diff.size == 0:
         return {"mean": 0.0, "lo": 0.0, "hi": 0.0, "resamples": resamples}
     rng = np.random.default_rng(seed)
-    means = np.concatenate(
-        [
-            diff[rng.integers(0, diff.size, (min(500, resamples - s), diff.size))].mean(1)
-            for s in range(0, resamples, 500)
-        ]
-    )  # fmt: skip  (chunks bound the index memory)
+    chunks = [min(500, resamples - start) for start in range(0, resamples, 500)]  # bounds the index memory
+    means = np.concatenate([diff[rng.integers(0, diff.size, (n, diff.size))].mean(1) for n in chunks])
     lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return {"mean": float(diff.mean()), "lo": float(lo), "hi": float(hi), "resamples": resamples}
 
@@ -64,9 +60,12 @@ def summarize(dataset: str, records: list[dict], methods, wall: dict, config: Qu
             row.update({k: v for k, v in asdict(quac_scores(list(dialogues.values()))).items() if k != "f1"})
         if "standard" in methods and m != "standard":
             row["speedup"] = wall["standard"] / wall[m] if wall[m] > 0 else None
-            row["f1_minus_standard"] = paired_bootstrap([r["scores"]["standard"]["f1"] for r in counted],
-                                                        [r["scores"][m]["f1"] for r in counted],
-                                                        config.resamples, config.seed)  # fmt: skip
+            row["f1_minus_standard"] = paired_bootstrap(
+                [r["scores"]["standard"]["f1"] for r in counted],
+                [r["scores"][m]["f1"] for r in counted],
+                config.resamples,
+                config.seed,
+            )
             row["differ_from_standard"] = sum(r["predictions"][m] != r["predictions"]["standard"] for r in records)
         summary[m] = row
     return summary
@@ -74,17 +73,17 @@ def summarize(dataset: str, records: list[dict], methods, wall: dict, config: Qu
 
 def table(report: dict) -> str:
     """The summary as a markdown table (scores times 100, as the official scripts print them)."""
-    s, lines = report["summary"], [
+    config = report["config"]
+    lines = [
         f"{report['dataset']}: {report['n_questions']} questions, {report['n_documents']} documents; "
-        f"{report['model']}, {report['config']['dtype']}, {report['config']['device']}; greedy, "
-        f"max_new_tokens={report['config']['max_new_tokens']}, standard_batch_size="
-        f"{report['config']['standard_batch_size']}, docs_per_call={report['config']['docs_per_call']}, "
-        f"batch_rows={report['config'].get('batch_rows', 1)}",
+        f"{report['model']}, {config['dtype']}, {config['device']}; greedy, max_new_tokens={config['max_new_tokens']}, "
+        f"standard_batch_size={config['standard_batch_size']}, docs_per_call={config['docs_per_call']}, "
+        f"batch_rows={config.get('batch_rows', 1)}",
         "",
         "| method | EM | F1 | wall s | speedup vs standard | F1 - standard [95% CI] | differ from standard |",
         "| --- | ---: | ---: | ---: | ---: | --- | ---: |",
-    ]  # fmt: skip
-    for m, row in s.items():
+    ]
+    for m, row in report["summary"].items():
         em = "-" if row["em"] is None else f"{100 * row['em']:.1f}"
         speed = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
         ci = row.get("f1_minus_standard")
@@ -124,11 +123,15 @@ def merge_reports(reports: list[dict]) -> dict:
         for m in report["summary"]:
             config[_BATCHING[m]] = report["config"].get(_BATCHING[m], 1)
     config = QualityConfig(**config)
-    return {**base, "config": asdict(config), "summary": summarize(base["dataset"], records, methods, wall, config),
-            "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
-            "resumed_calls": {m: r.get("resumed_calls", {}).get(m, 0) for r in reports for m in r["summary"]},
-            "questions": records, "merged_from": [{"config": r["config"], "environment": r.get("environment")}
-                                                  for r in reports]}  # fmt: skip
+    return {
+        **base,
+        "config": asdict(config),
+        "summary": summarize(base["dataset"], records, methods, wall, config),
+        "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
+        "resumed_calls": {m: r.get("resumed_calls", {}).get(m, 0) for r in reports for m in r["summary"]},
+        "questions": records,
+        "merged_from": [{"config": r["config"], "environment": r.get("environment")} for r in reports],
+    }
 
 
 def read_report(path: str | Path) -> dict:

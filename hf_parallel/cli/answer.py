@@ -1,0 +1,246 @@
+"""`hf-parallel answer`: its flags (one per `AnswerConfig` field), and one document's questions answered.
+
+A corpus (`--corpus`, `--out`) is `hf_parallel.cli.corpus`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, fields
+
+import torch
+
+from ..attention import BACKENDS
+from ..decoding.options import DEFAULT_MAX_NEW_TOKENS, parse_memory
+from ..frontends.corpus import TOKENS_PER_CALL
+from ..frontends.model_loading import MODEL_HELP, ModelSourceError, load_model
+from ..frontends.prompting import check_template, generate_parallel
+from .usage import UsageParser, positive_int
+
+HELP = """\
+Answer questions about documents with parallel prompting.
+
+  one document:  hf-parallel answer --document DOC.txt --questions QUESTIONS.txt
+                 (one question a line, blank lines skipped); prints each question and its answer.
+                 Either file may be - for standard input.
+  a corpus:      hf-parallel answer --corpus IN.jsonl --out OUT.jsonl
+                 IN: one {"id": ..., "document": ..., "questions": [...]} object a line ("id" optional).
+                 OUT: one {"line", "id", "questions", "answers"} object per document ("id" where IN has one),
+                 in input order, appended as documents finish.  Run again after an interruption, a run skips the
+                 documents OUT holds (by id, else by line number) and appends the others.  A bad line
+                 (not JSON, no document, no questions, a repeated id, a prompt longer than the model
+                 takes) is reported and skipped, the other documents are answered, and the command
+                 ends with a usage error (exit status 2) naming the skipped lines.
+  many devices:  accelerate launch --multi_gpu --num_processes N -m hf_parallel answer --corpus IN --out OUT
+                 each process answers a share of the documents (balanced by prompt tokens) on its own
+                 device, appending to OUT.part-RANK; the main process then appends the parts to OUT in
+                 input order.  OUT is as one process writes it; a rerun with any number of processes
+                 resumes from OUT and any parts left.  Several nodes need OUT on a filesystem they share.
+
+Decoding is the model's generation_config's (greedy for SmolLM2) unless --temperature or --top-p is given:
+--temperature 0 decodes greedily, a temperature above 0 or a --top-p samples (with --seed, reproducibly).
+"""
+ATTENTION = ("auto", *sorted(BACKENDS))
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class AnswerConfig:
+    """One `hf-parallel answer` run; its flags map one-to-one onto these fields.
+
+    attn, max_memory, prefill_chunk, seed, temperature, top_p and max_new_tokens reach the generate call
+    as the generation options of the same names (`generation_options`).
+    """
+
+    document: str | None = None  # a text file: the document (single-document mode)
+    questions: str | None = None  # a text file: one question a line
+    corpus: str | None = None  # JSON lines in (corpus mode)
+    out: str | None = None  # JSON lines out, appended to and resumed from
+    model: str | None = None  # a model directory or hub id; default: the embedded SmolLM2-135M-Instruct
+    max_new_tokens: int | None = None  # per answer; default: the model's generation_config, else 256
+    dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on the CPU)
+    device: str | None = None  # cpu | cuda[:N]; default: cuda when available (this process's, under accelerate)
+    attn: str = "auto"  # auto | reference | triton
+    max_memory: str | None = None  # what the packed row may take, such as "40GiB"; default: what is free
+    prefill_chunk: int | None = None  # most prompt tokens per forward; default: the attention path's
+    temperature: float | None = None  # 0: greedy decoding; above 0: sampling at this temperature
+    top_p: float | None = None  # sampling from the smallest set of tokens whose probabilities reach top_p
+    seed: int | None = None  # the sampling generator's seed; default: torch's global generator
+    template: str | None = None  # the user turn from "{document}" and "{question}"
+    system_prompt: str | None = None
+    tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
+    progress: bool | None = None  # a progress bar (corpus mode); default: when stderr is a terminal
+
+    def __post_init__(self):
+        self._check_inputs()
+        self._check_generation()
+
+    def _check_inputs(self) -> None:
+        single, corpus = (self.document, self.questions), (self.corpus, self.out)
+        if any(single) == any(corpus):
+            raise ValueError("give either --document and --questions, or --corpus and --out")
+        flags, values = (("--document", "--questions"), single) if any(single) else (("--corpus", "--out"), corpus)
+        if not all(values):  # one of a pair: name the other
+            given, missing = flags if values[0] else flags[::-1]
+            raise ValueError(f"{given} needs {missing}")
+        if self.document == self.questions == "-":
+            raise ValueError("only one of --document and --questions can be - (standard input)")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if self.template is not None:
+            check_template(self.template)
+
+    def _check_generation(self) -> None:
+        if self.attn not in ATTENTION:
+            raise ValueError(f"attn must be one of {', '.join(ATTENTION)}, got {self.attn!r}")
+        if self.max_memory is not None and parse_memory(self.max_memory) < 1:
+            raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
+        for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature == 0 and self.top_p is not None:
+            raise ValueError("--top-p samples, and --temperature 0 decodes greedily: give one of them")
+
+    def generation_options(self) -> dict:
+        """The generation options the fields set; the model's generation_config decides the others.
+
+        A temperature above 0 or a top_p turns sampling on (do_sample=True); temperature 0 turns it off.
+        """
+        sampling = {} if self.temperature is None and self.top_p is None else {"do_sample": self.temperature != 0}
+        options = {
+            "max_new_tokens": self.max_new_tokens,
+            "attn": self.attn,
+            "max_memory": self.max_memory,
+            "prefill_chunk": self.prefill_chunk,
+            "seed": self.seed,
+            "temperature": self.temperature or None,  # 0 means greedy, which do_sample=False says
+            "top_p": self.top_p,
+        }
+        return {name: value for name, value in options.items() if value is not None} | sampling
+
+
+def add_arguments(parser: UsageParser) -> None:
+    """One flag per `AnswerConfig` field."""
+    add = parser.add_argument
+    add("--document", metavar="FILE", help="text file: the document (- for standard input)")
+    add("--questions", metavar="FILE", help="text file: one question a line (- for standard input)")
+    add("--corpus", metavar="FILE", help="JSON-lines file: one document with its questions a line")
+    add("--out", metavar="FILE", help="JSON-lines file the corpus's answers are appended to (and resumed from)")
+    add("--model", metavar="DIR_OR_HUB_ID", help=MODEL_HELP)
+    add(
+        "--max-new-tokens",
+        type=positive_int,
+        metavar="N",
+        help="per answer (default: the model's generation_config max_new_tokens, else its max_length less the "
+        f"prompt, else {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    add("--dtype", choices=DTYPES, default="auto", help="auto: bfloat16 on CUDA, float32 on the CPU (default: auto)")
+    add(
+        "--device",
+        metavar="DEVICE",
+        help="cpu or cuda[:N] (default: cuda when available; under `accelerate launch` with several processes, "
+        "each process's own device)",
+    )
+    add(
+        "--attn",
+        choices=ATTENTION,
+        default="auto",
+        help="attention path; auto: triton on CUDA, else reference (default: auto)",
+    )
+    add(
+        "--max-memory",
+        metavar="SIZE",
+        help="most memory the packed row may take, such as 40GiB or 500MB (default: what is free)",
+    )
+    add(
+        "--prefill-chunk",
+        type=positive_int,
+        metavar="N",
+        help="most prompt tokens per forward (default: the attention path's)",
+    )
+    add("--temperature", type=float, metavar="T", help="0: greedy decoding; above 0: sampling at this temperature")
+    add(
+        "--top-p",
+        type=float,
+        metavar="P",
+        help="sampling from the most likely tokens whose probabilities reach P, in (0, 1]",
+    )
+    add("--seed", type=int, metavar="N", help="the sampling's seed, for answers that repeat from run to run")
+    add("--template", metavar="TEXT", help='the user turn, from "{document}" and "{question}"')
+    add("--system-prompt", metavar="TEXT", help="a system message (needs the tokenizer's chat template)")
+    add(
+        "--tokens-per-call",
+        type=positive_int,
+        metavar="N",
+        default=TOKENS_PER_CALL,
+        help=f"most prompt tokens per generate call (corpus mode; default: {TOKENS_PER_CALL})",
+    )
+    add(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="a progress bar on stderr (corpus mode; default: when stderr is a terminal)",
+    )
+
+
+def config_from(parser: UsageParser, args: argparse.Namespace) -> AnswerConfig:
+    """The config from the parsed flags; a combination it refuses is a usage error (exit status 2)."""
+    try:
+        return AnswerConfig(**{f.name: getattr(args, f.name) for f in fields(AnswerConfig)})
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def answer_document(parser: UsageParser, config: AnswerConfig) -> None:
+    """Print each question of the questions file with its answer about the document file."""
+    try:
+        document = _read(parser, config.document, "document").strip()
+        questions = [line.strip() for line in _read(parser, config.questions, "questions").splitlines()]
+        questions = [question for question in questions if question]
+        if not document:
+            parser.fail(f"{_source('document', config.document)} is empty")
+        if not questions:
+            parser.fail(f"{_source('questions', config.questions)} has no questions (one a line; blank lines skipped)")
+        model, tokenizer = load(parser, config)
+        render = (config.template, None, config.system_prompt)
+        answers = generate_parallel(model, tokenizer, document, questions, *render, **config.generation_options())
+    except (ValueError, NotImplementedError) as error:  # a document longer than the model takes, a model refused
+        parser.fail(str(error))
+    except KeyboardInterrupt:
+        parser.interrupted("nothing was saved (the answers are printed once all are done)")
+    for question, answer in zip(questions, answers):
+        print(f"Q: {question}\nA: {answer}\n")
+
+
+def _read(parser: UsageParser, path: str, what: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        parser.fail(f"cannot read {_source(what, path)}: {error}")
+
+
+def _source(what: str, path: str) -> str:
+    return f"the {what} from standard input" if path == "-" else f"the {what} file {path}"
+
+
+def load(parser: UsageParser, config: AnswerConfig):
+    """(model, tokenizer): --model, else the embedded SmolLM2, in --dtype on --device; a usage error where
+    the model cannot be loaded or --attn cannot run on the device."""
+    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if config.attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        parser.fail("--attn triton runs on CUDA; on the CPU, pass --attn reference (or auto)")
+    dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    try:
+        return load_model(config.model, getattr(torch, dtype), device)
+    except ModelSourceError as error:
+        parser.fail(str(error))
