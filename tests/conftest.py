@@ -147,13 +147,6 @@ if os.environ.get("HF_HUB_OFFLINE") is None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub
 
 
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (`--dist loadgroup`), the tests that use SmolLM2 run on one worker, which loads it once."""
-    for item in items:
-        if "smollm2" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("smollm2"))
-
-
 def pytest_addoption(parser):
     text = "tests/test_model_coverage.py: every causal LM type of the installed transformers, not the CI sample"
     parser.addoption("--full-sweep", action="store_true", help=text)

@@ -27,7 +27,7 @@ def squad_paragraphs(count: int, max_questions: int):
 
 def test_squad_paragraphs_token_identical(smollm2):
     model, tokenizer = smollm2
-    for context, questions in squad_paragraphs(count=3, max_questions=5):
+    for context, questions in squad_paragraphs(count=2, max_questions=5):
         prompts = render_prompts(tokenizer, context, questions)
         eos = tokenizer.eos_token_id
         got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos)
