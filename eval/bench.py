@@ -68,8 +68,7 @@ import torch
 import transformers
 
 from hf_parallel import GenerationOptions, Session, generate_tokens
-from hf_parallel.attention import resolve_backend
-from hf_parallel.attention import triton as triton_backend
+from hf_parallel.attention import launcher, resolve_backend
 from hf_parallel.attention.triton import TritonBackend
 from hf_parallel.engine import runner as runner_module
 from hf_parallel.engine.probe import check_support
@@ -100,19 +99,19 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
 def wide_own_launch():
     """The own plan launched with at least 2 KV splits and 8 warps (16-bit), the best of
     `diagnostics/gpu_kernel_check.py --own` in isolation: the ablation of `own_launch_config`."""
-    saved = triton_backend.own_launch_config
+    saved = launcher.own_launch_config
 
     def wide(query, key, own):
         cfg = saved(query, key, own)
         if query.dtype == torch.float32:
             return cfg
-        return triton_backend.KernelConfig(cfg.block_n, max(2, cfg.num_splits), 8, cfg.num_stages)
+        return launcher.KernelConfig(cfg.block_n, max(2, cfg.num_splits), 8, cfg.num_stages)
 
-    triton_backend.own_launch_config = wide
+    launcher.own_launch_config = wide
     try:
         yield
     finally:
-        triton_backend.own_launch_config = saved
+        launcher.own_launch_config = saved
 
 
 def ungrouped():
@@ -138,16 +137,16 @@ def prefill_apart():
 def every_block_masked():
     """The kernel masking every KV block, the ones every row sees whole too: the ablation of
     `KernelConfig.whole_blocks`."""
-    saved = triton_backend.default_config
+    saved = launcher.default_config
 
     def masked(query, key, tiles):
         return replace(saved(query, key, tiles), whole_blocks=False)
 
-    triton_backend.default_config = masked
+    launcher.default_config = masked
     try:
         yield
     finally:
-        triton_backend.default_config = saved
+        launcher.default_config = saved
 
 
 def index_copy_writes():

@@ -34,8 +34,8 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hf_parallel.attention.launcher import default_config, stream_attention  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
-from hf_parallel.attention.triton import default_config, stream_attention  # noqa: E402
 from hf_parallel.kernels import prebuild  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402
 from hf_parallel.row.plan import AttentionPlan, SlotIds  # noqa: E402

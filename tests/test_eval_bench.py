@@ -154,32 +154,32 @@ def test_admission_replay_counts_every_streams_own_reads_and_the_resident_docume
 def test_wide_own_launch_widens_only_inside_its_context():
     """bench's `pp_own_launch_wide` ablation: the own plan's launch has 2 KV splits and 8 warps in 16-bit while the
     context holds, `default_config`'s before and after."""
-    from hf_parallel.attention import triton as backend
+    from hf_parallel.attention import launcher
 
     query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     own = SimpleNamespace(num_tiles=4, block_m=16)
-    base = backend.default_config(query, key, own)
+    base = launcher.default_config(query, key, own)
     with bench.wide_own_launch():
-        wide = backend.own_launch_config(query, key, own)
-        kept = backend.own_launch_config(query.float(), key.float(), own)
+        wide = launcher.own_launch_config(query, key, own)
+        kept = launcher.own_launch_config(query.float(), key.float(), own)
     assert (wide.num_splits, wide.num_warps, wide.block_n) == (max(2, base.num_splits), 8, base.block_n)
-    assert kept == backend.default_config(query.float(), key.float(), own)
-    assert backend.own_launch_config(query, key, own) == base
+    assert kept == launcher.default_config(query.float(), key.float(), own)
+    assert launcher.own_launch_config(query, key, own) == base
 
 
 def test_every_block_masked_holds_only_inside_its_context():
     """bench's `pp_every_block_masked` ablation: every launch config, the own plan's too, masks every KV block while
     the context holds, and none after."""
-    from hf_parallel.attention import triton as backend
+    from hf_parallel.attention import launcher
 
     query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     tiles = SimpleNamespace(num_tiles=4, block_m=16)
-    base = backend.default_config(query, key, tiles)
+    base = launcher.default_config(query, key, tiles)
     assert base.whole_blocks
     with bench.every_block_masked():
-        assert not backend.default_config(query, key, tiles).whole_blocks
-        assert not backend.own_launch_config(query, key, tiles).whole_blocks
-    assert backend.default_config(query, key, tiles) == base
+        assert not launcher.default_config(query, key, tiles).whole_blocks
+        assert not launcher.own_launch_config(query, key, tiles).whole_blocks
+    assert launcher.default_config(query, key, tiles) == base
 
 
 def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):

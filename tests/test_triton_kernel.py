@@ -25,8 +25,9 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
 pytest.importorskip("triton")
 
 from hf_parallel import GenerationOptions, generate_tokens  # noqa: E402
+from hf_parallel.attention import launcher  # noqa: E402
 from hf_parallel.attention import tiles as tile_plans  # noqa: E402
-from hf_parallel.attention import triton as launcher  # noqa: E402
+from hf_parallel.attention import triton as triton_path  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
 from hf_parallel.attention.triton import TritonBackend  # noqa: E402
 from hf_parallel.engine.probe import check_support  # noqa: E402
@@ -113,8 +114,8 @@ def check(layout, q_slot, heads=(4, 2), dim=16, dtype=torch.float32, seed=0, kv_
     if isinstance(own_split, tile_plans.TilePlan):  # the own plan given (a static plan's buffers)
         own = own_split
     elif own_split:
-        own = tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=launcher.own_streams_per_tile(group),
-                                         device=DEVICE, part="own")  # fmt: skip
+        spt = triton_path.own_streams_per_tile(group)
+        own = tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=spt, device=DEVICE, part="own")
     tiles = tiles or tile_plans.build_tile_plan(layout, q_slot, group, streams_per_tile=streams_per_tile, device=DEVICE,
                                                 part=part)  # fmt: skip
     out = torch.full((1, q.shape[2], heads[0], dim), float("nan"), dtype=dtype, device=DEVICE)
@@ -472,7 +473,7 @@ def test_own_split_generates_as_model_generate():
 def test_own_tiles_auto_splits_long_answers_of_wide_tiles():
     """own_tiles="auto" (the default) splits decode forwards where answers are long and packed tiles wide (at most 2
     query heads per KV head), and leaves every other row one plan."""
-    short, long = build_layout([[3, 4, 5]], 128), build_layout([[3, 4, 5]], launcher.OWN_TILES_MIN_ANSWER)
+    short, long = build_layout([[3, 4, 5]], 128), build_layout([[3, 4, 5]], triton_path.OWN_TILES_MIN_ANSWER)
     row = lambda layout, group: Row(layout, SlotIds.from_layout(layout, DEVICE), layout.num_slots, group)  # noqa: E731
     auto = TritonBackend()
     assert auto.own_tiles == "auto"
@@ -485,10 +486,12 @@ def test_own_tiles_auto_splits_long_answers_of_wide_tiles():
 def test_default_backend_splits_long_answers_and_generates_as_model_generate(monkeypatch):
     """The default Triton path with answers past `OWN_TILES_MIN_ANSWER` (lowered to 6 here) decodes through the two
     plans and gives `model.generate`'s tokens."""
-    monkeypatch.setattr(launcher, "OWN_TILES_MIN_ANSWER", 6)
+    monkeypatch.setattr(triton_path, "OWN_TILES_MIN_ANSWER", 6)
     calls = []
-    original = launcher.stream_attention
-    monkeypatch.setattr(launcher, "stream_attention", lambda *a, **k: calls.append(k.get("own")) or original(*a, **k))
+    original = triton_path.stream_attention
+    monkeypatch.setattr(
+        triton_path, "stream_attention", lambda *a, **k: calls.append(k.get("own")) or original(*a, **k)
+    )
     model = tiny_model("llama").to(DEVICE)
     gen = torch.Generator().manual_seed(4)
     doc = random_tokens(25, gen)

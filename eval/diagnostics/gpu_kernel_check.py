@@ -46,16 +46,10 @@ import triton
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scripts imported by name
 
+from hf_parallel.attention.launcher import KernelConfig, default_config, own_launch_config, stream_attention  # noqa: E402
 from hf_parallel.attention.reference import reference_attention  # noqa: E402
 from hf_parallel.attention.tiles import build_tile_plan  # noqa: E402
-from hf_parallel.attention.triton import (  # noqa: E402
-    KernelConfig,
-    TritonBackend,
-    default_config,
-    own_launch_config,
-    own_streams_per_tile,
-    stream_attention,
-)
+from hf_parallel.attention.triton import TritonBackend, own_streams_per_tile  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402
 from hf_parallel.row.plan import AttentionPlan, Row, SlotIds  # noqa: E402
 
