@@ -47,7 +47,7 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
 
 def _answer_share(parser: UsageParser, config: AnswerConfig, state) -> list[tuple]:
     """Answer this process's share of the documents --out does not hold; the corpus's bad lines."""
-    # --out gets lines directly only as before: one process, no parts to put in order with them
+    # --out gets lines directly only from one process with no part files left, whose lines would have to be ordered
     target = config.out if state.num_processes == 1 and not part_files(config.out) else None
     records, problems = _corpus_todo(parser, config)
     state.wait_for_everyone()  # every rank reads --out and the parts (and so splits alike) before any appends
