@@ -24,7 +24,7 @@ from ..models.placement import loop_device, placement
 from ..row.forest import Forest
 from ..row.layout import Layout, build_layout
 from .budget import RowBudget, row_budget, too_large
-from .patching import Support
+from .patching import Support, model_lock
 from .probe import check_support
 from .refill import RefillLoop
 from .rows import RowKeeper
@@ -63,7 +63,7 @@ def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = N
     """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list).
 
     While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
-    the iterator is exhausted or closed.
+    the iterator is exhausted or closed, and until then another thread's call on the model waits.
     """
     return Call.prepare(model, prompts, options, session).run()
 
@@ -84,9 +84,15 @@ class Call:
     @classmethod
     @torch.inference_mode()
     def prepare(cls, model, prompts, options: dict, session) -> Call:
-        """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says."""
+        """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says.
+        Generate prepares each prompt and the probe runs the model: one call at a time on a model (`model_lock`)."""
         check_model(model)
         prompts = as_token_lists("prompts", prompts)
+        with model_lock(model).held():
+            return cls._checked(model, prompts, options, session)
+
+    @classmethod
+    def _checked(cls, model, prompts: list[list[int]], options: dict, session) -> Call:
         opts = GenerationOptions.resolve(model, **options)
         budgets = []  # new tokens each prompt may get (generate's max_length - prompt length)
         for i, prompt in enumerate(prompts):
@@ -115,6 +121,10 @@ class Call:
         call, else waves of rows (recurrent layers) or continuous refill."""
         if not self.streams:
             return
+        with model_lock(self.model).held():  # until the last stream is yielded, or the iterator closed
+            yield from self._runs()
+
+    def _runs(self) -> Iterator[tuple[int, list[int]]]:
         layout = self.layout
         chunk = self.opts.prefill_chunk_for(self.backend)
         kept = self.session.row_bytes() if self.session is not None else 0

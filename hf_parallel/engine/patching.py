@@ -4,11 +4,16 @@ For the block of a call, the model's attention runs through an attention backend
 that miss the plan get it from the cache, recurrent mixers are stood in for by segmented ones, and,
 where the runner decides so, the layers' small parts run compiled and sibling projections as one GEMM.
 Nothing of it outlives the block, whatever the block raises.
+
+A model is set up for one call at a time: calls on one model from several threads take turns
+(`model_lock`), so none sees another's set-up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -57,12 +62,61 @@ class Support:
         return self.cache_class(self.kinds, num_slots)
 
 
+class ModelLock:
+    """Calls on one model take turns: one thread holds the model at a time, as often as it likes (a call inside a
+    call of its own), and the model is free once the holder's outermost block has ended.
+
+    Unlike `threading.RLock`, the block may end on another thread than the one that entered it: a stream of
+    answers dropped half read is closed by whichever thread collects it.
+    """
+
+    def __init__(self):
+        self._turn = threading.Condition()
+        self._holder: int | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def held(self):
+        """For the block: the model is this thread's; another thread's call waits for its end."""
+        me = threading.get_ident()
+        with self._turn:
+            self._turn.wait_for(lambda: self._holder in (None, me))
+            self._holder, self._depth = me, self._depth + 1
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._holder = None
+                    self._turn.notify_all()
+
+
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MAKING = threading.Lock()  # one ModelLock per model, however many threads ask first
+
+
+def model_lock(model: PreTrainedModel) -> ModelLock:
+    """The `ModelLock` of `model`: every hf_parallel call on it holds it for the call's duration."""
+    with _MAKING:
+        if model not in _LOCKS:
+            _LOCKS[model] = ModelLock()
+        return _LOCKS[model]
+
+
 @contextlib.contextmanager
 def use_model(
     model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False, group: bool = False
 ):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
-    with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM."""
+    with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM.
+    The block holds the model (`model_lock`): another thread's call on it waits."""
+    with model_lock(model).held():
+        yield from _set_up(model, backend, support, fuse, group)
+
+
+def _set_up(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool, group: bool):
+    """`use_model`'s set-up, yielded inside, taken back after."""
     hooks = [
         model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
         for name in support.plan_hooks

@@ -30,7 +30,7 @@ from ..models.compiled_parts import fusable_parts
 from ..models.recurrent import segmented
 from ..row.cache import PackedCache, PackedLayer
 from ..row.layout import build_layout
-from .patching import Support, use_model
+from .patching import Support, model_lock, use_model
 from .runner import Runner
 
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -41,9 +41,10 @@ def check_support(model: PreTrainedModel) -> Support:
     ValueError for a model in training mode."""
     if model.training:
         raise ValueError("put the model in eval mode (model.eval()) before generating")
-    if model not in _VERDICTS:
-        _VERDICTS[model] = probe_model(model)
-    return _VERDICTS[model]
+    with model_lock(model).held():  # probed once, whichever thread asks first
+        if model not in _VERDICTS:
+            _VERDICTS[model] = probe_model(model)
+        return _VERDICTS[model]
 
 
 def probe_model(model: PreTrainedModel) -> Support:
