@@ -11,6 +11,10 @@ so that it is not left with room for one question; once one document cannot star
 documents after it wait (only resident ones go on), so a round does not try every waiting
 document of a large corpus.  An empty row takes any prompt that fits it.  With
 `refill=False` prompts are admitted only into an empty row (static waves).
+
+A server's requests arrive while the row decodes (`Arrivals`): each is admitted at the next round
+where its streams fit, first come first served, and finished prompts' prefixes stay resident for
+later requests until their room is needed.
 """
 
 from __future__ import annotations
@@ -92,3 +96,64 @@ class Admission:
         free_streams = self.budget.streams - live
         due = free_slots * REFILL_FRACTION >= self.budget.capacity
         return due or (self.stream_bound and free_streams * REFILL_FRACTION >= self.budget.streams)
+
+
+class Arrivals:
+    """Requests arriving over time, each a set of streams admitted together, first come first served.
+
+    A request enters once its streams fit the row (`Forest.admit` reuses whatever of its prompt is resident);
+    the ones behind it wait, so none is passed over for ever.  With `retain`, the prefixes of finished streams
+    stay in the row for later requests, and the least recently used go when a request needs their room.
+    """
+
+    def __init__(self, budget: RowBudget, retain: bool = True):
+        self.budget, self.retain = budget, retain
+        self.forest = Forest(budget.capacity)
+        self.waiting: deque[list[tuple[int, list[int], int]]] = deque()
+        self.matched: dict[int, int] = {}  # a request's first stream -> its prompt tokens resident when admitted
+
+    def add(self, streams: list[tuple[int, list[int], int]]) -> None:
+        """Queue one request's streams: (index, prompt tokens, answer room) each."""
+        self.waiting.append(streams)
+
+    def remove(self, indices: set[int]) -> None:
+        """Take the requests with any of these stream indices out of the queue."""
+        self.waiting = deque(r for r in self.waiting if not any(i in indices for i, _, _ in r))
+
+    def admit(self, live: int) -> list[tuple[int, Node]]:
+        """(stream index, answer node) of the streams admitted now, with `live` streams in the row."""
+        self.forest.collect_unwritten()
+        admitted = []
+        while self.waiting and live + len(admitted) + len(self.waiting[0]) <= self.budget.streams:
+            placed = self._place(self.waiting[0])
+            if placed is None:
+                break
+            admitted += placed
+            self.waiting.popleft()
+        return admitted
+
+    def release(self, index: int) -> None:
+        """Stream `index` finished or left: its answer region is free, its prefix retained or collected."""
+        self.forest.release(index)
+        if not self.retain:
+            self.forest.collect()
+
+    def _place(self, streams: list[tuple[int, list[int], int]]) -> list[tuple[int, Node]] | None:
+        """Every stream of one request placed, evicting retained prefixes least recently used first as needed;
+        None (nothing placed) where they do not fit even then."""
+        forest = self.forest
+        while True:
+            matched, placed = forest.matched(streams[0][1]), []
+            for index, prompt, room in streams:
+                answer = forest.admit(index, prompt, room)
+                if answer is None:
+                    break
+                placed.append((index, answer))
+            if len(placed) == len(streams):
+                self.matched[streams[0][0]] = matched
+                return placed
+            for index, _ in placed:
+                forest.release(index)
+            forest.collect_unwritten()  # the new tokens of the streams just taken back
+            if not forest.evict():
+                return None

@@ -23,6 +23,7 @@ from ..models.compiled_parts import compiler_unimported, import_compiler
 from ..models.placement import loop_device, placement
 from ..row.forest import Forest
 from ..row.layout import Layout, build_layout
+from .admission import Admission
 from .budget import RowBudget, row_budget, too_large
 from .patching import Support, model_lock
 from .probe import check_support
@@ -156,7 +157,8 @@ class Call:
     def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
         empty = Forest(budget.capacity).snapshot(self.room)
         runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
-        loop = RefillLoop(runner, self.streams, document_groups(layout), self.room, budget, self.opts.refill)
+        admission = Admission(self.streams, document_groups(layout), self.room, budget, self.opts.refill)
+        loop = RefillLoop(runner, self.streams, admission, self.room)
         with runner.using_model():
             rounds = loop.run()
             while True:

@@ -23,12 +23,14 @@ from ..decoding.options import GenerationOptions
 from ..decoding.sampling import Sampler
 from ..row.forest import Node
 from .admission import Admission
-from .budget import RowBudget
 from .runner import Runner
 
 
 class Cohort:
-    """Streams that started in the same round: their rows, answer slots, processors and tokens so far."""
+    """Streams that started in the same round: their rows, answer slots, processors and tokens so far.
+
+    opts: the streams' options (by default the runner's); room: their most new tokens each.
+    """
 
     def __init__(
         self,
@@ -38,23 +40,24 @@ class Cohort:
         starts: list[int],
         room: int,
         sampler: Sampler,
+        opts: GenerationOptions | None = None,
     ):
         device = runner.device
-        self.streams, self.step = streams, 0
+        self.streams, self.step, self.room = streams, 0, room
         self.starts = torch.tensor(starts, device=device)
-        self.processing = Processing.for_prompts(runner.model, runner.opts, prompts, room, device)
+        self.processing = Processing.for_prompts(runner.model, opts or runner.opts, prompts, room, device)
         self.sampler = sampler
         self.out = torch.empty(len(streams), room, dtype=torch.long, device=device)
         self.last: torch.Tensor | None = None
 
-    def choose(self, logits: torch.Tensor, room: int) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
         """Each row's next token from its logits [n, V]; [n] bool, which rows stop with it."""
         new = self.sampler(self.processing.scores(logits))
         self.processing.append(new)
         self.out[:, self.step] = self.last = new
         self.step += 1
         stop = self.processing.stopped(new)
-        return stop | (self.step == room)
+        return stop | (self.step == self.room)
 
     def slots(self) -> torch.Tensor:
         """[n] the slots the rows' newest tokens are written to."""
@@ -63,27 +66,22 @@ class Cohort:
     def drop(self, keep: torch.Tensor, keep_list: list[bool]) -> None:
         """Keep only the rows where `keep` [n] bool (and its host copy `keep_list`) is set."""
         self.streams = [s for s, k in zip(self.streams, keep_list) if k]
-        self.starts, self.out, self.last = self.starts[keep], self.out[keep], self.last[keep]
+        self.starts, self.out = self.starts[keep], self.out[keep]
+        self.last = self.last[keep] if self.last is not None else None
         self.processing.keep(keep)
 
 
 class RefillLoop:
     """Every prompt's new tokens, through one row of `budget` (module docstring); `run` yields them as they finish."""
 
-    def __init__(
-        self,
-        runner: Runner,
-        prompts: list[list[int]],
-        groups: list[list[int]],
-        room: int,
-        budget: RowBudget,
-        refill: bool = True,
-    ):
+    def __init__(self, runner: Runner, prompts, admission: Admission, room: int):
+        """prompts: every prompt's tokens, by index (a list, or a mapping that grows); admission: which of them
+        enter the row when (`engine.admission`); room: the most new tokens of any stream."""
         self.runner, self.prompts, self.room = runner, prompts, room
         self.opts: GenerationOptions = runner.opts
         self.sampler = Sampler(runner.opts, runner.device)  # one for the call: a seed gives one sequence of draws
-        self.admission = Admission(prompts, groups, room, budget, refill)
-        self.forest = self.admission.forest
+        self.admission = admission
+        self.forest = admission.forest
         self.starting: list[tuple[int, Node]] = []  # admitted streams whose first logits are not computed yet
         self.cohorts: list[Cohort] = []
         self.started: list[tuple[int, Node, int]] = []
@@ -169,29 +167,42 @@ class RefillLoop:
 
     def _choose(self, logits: torch.Tensor) -> Iterator[tuple[int, list[int]]]:
         """Every live stream's next token; the finished streams leave the row and are yielded."""
-        room, at, stops = self.room, 0, []
+        at, stops = 0, []
         live = [c for c in self.cohorts if c.last is not None]
+        if self.started:
+            fresh = self._start(self.started)
+            self.cohorts += fresh
+            live += fresh
         for cohort in live:
             n = len(cohort.streams)
-            stops.append(cohort.choose(logits[at : at + n], room))
+            stops.append(self._choose_rows(cohort, logits[at : at + n]))
             at += n
-        if self.started:
-            prompts = [self.prompts[i] for i, _, _ in self.started]
-            starts = [a.slot for _, a, _ in self.started]
-            cohort = Cohort(self.runner, [i for i, _, _ in self.started], prompts, starts, room, self.sampler)
-            self.cohorts.append(cohort)
-            live.append(cohort)
-            stops.append(cohort.choose(logits[at:], room))
         if not live:
             return
-        done = torch.cat(stops).tolist()  # the one host sync of a round
+        flags = torch.cat(stops)
+        host = torch.cat([flags.long(), torch.cat([c.last for c in live])]).tolist()  # the one host sync of a round
+        done, tokens = host[: len(flags)], host[len(flags) :]
+        self._chosen(live, tokens)
         at = 0
         for cohort in live:
-            flags = done[at : at + len(cohort.streams)]
-            at += len(flags)
-            if any(flags):
-                yield from self._finish(cohort, flags)
+            rows = done[at : at + len(cohort.streams)]
+            at += len(rows)
+            if any(rows):
+                yield from self._finish(cohort, [bool(f) for f in rows])
         self.cohorts = [c for c in self.cohorts if c.streams]
+
+    def _start(self, started: list[tuple[int, Node, int]]) -> list[Cohort]:
+        """The cohorts of the streams whose first logits this round computed, rows in `started` order."""
+        prompts = [self.prompts[i] for i, _, _ in started]
+        starts = [a.slot for _, a, _ in started]
+        return [Cohort(self.runner, [i for i, _, _ in started], prompts, starts, self.room, self.sampler)]
+
+    def _choose_rows(self, cohort: Cohort, logits: torch.Tensor) -> torch.Tensor:
+        """The cohort's next tokens from its rows' logits; [n] bool, which rows stop."""
+        return cohort.choose(logits)
+
+    def _chosen(self, live: list[Cohort], tokens: list[int]) -> None:
+        """The round's new token of every row of the `live` cohorts, in their order, on the host."""
 
     def _finish(self, cohort: Cohort, flags: list[bool]) -> Iterator[tuple[int, list[int]]]:
         rows = [i for i, f in enumerate(flags) if f]
@@ -200,7 +211,9 @@ class RefillLoop:
             index = cohort.streams[row]
             self.admission.release(index)
             yield index, tokens
-        keep = [not f for f in flags]
+        self._drop(cohort, [not f for f in flags])
+
+    def _drop(self, cohort: Cohort, keep: list[bool]) -> None:
         cohort.drop(torch.tensor(keep, device=self.runner.device), keep)
         self.live_changed = True
 

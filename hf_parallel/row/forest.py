@@ -13,7 +13,9 @@ slot allocator:
              node of the chain down its prompt
     release  a finished stream's answer region is freed; so are the nodes no admitted
              stream goes through any more (`collect`, after the round's admissions, so a
-             waiting prompt can still reuse the prefix its predecessors brought in)
+             waiting prompt can still reuse the prefix its predecessors brought in), or,
+             where prefixes are retained for later prompts, the least recently used of
+             them once room is needed (`evict`)
     snapshot the forest as a `Layout` (segments in pre-order, ids over the row's
              capacity), which the attention backends plan from
 
@@ -47,6 +49,7 @@ class Node:
     written: int = 0  # leading tokens whose K/V is in the cache
     stream: int = -1  # answer regions: the prompt index
     index: int = -1  # segment id in the latest snapshot
+    used: int = 0  # the forest's admission count when a prompt last went through it (least recently used first)
 
     @property
     def length(self) -> int:
@@ -67,6 +70,7 @@ class Forest:
         self.answers: dict[int, Node] = {}  # prompt index -> its answer region
         self.unwritten: list[Node] = []  # prompt nodes with tokens not yet written, parents before children
         self.split_from: dict[int, list[Node]] = {}  # tails split off pending nodes, by id, to follow them there
+        self.admissions = 0
 
     def admit(self, index: int, prompt: list[int], room: int, spare: int = 0) -> Node | None:
         """Place prompt `index` with `room` answer slots; its answer node, or None when the free slots cannot hold
@@ -89,9 +93,11 @@ class Forest:
             self.unwritten.append(parent)
             done += size
         answer = self._attach(Node([], parent, len(prompt), answer_at, room, stream=index))
+        self.admissions += 1
         node = answer
         while node is not None:
             node.users += 1
+            node.used = self.admissions
             node = node.parent
         self.answers[index] = answer
         return answer
@@ -112,6 +118,40 @@ class Forest:
         """Free every node no admitted stream goes through."""
         for node in [n for n in self.nodes() if n.users == 0]:
             self._detach(node)
+
+    def matched(self, prompt: list[int]) -> int:
+        """How many of the prompt's leading tokens are resident (written or about to be), changing nothing."""
+        pos, candidates = 0, self.roots
+        while pos < len(prompt):
+            child = next((c for c in candidates if c.tokens and c.tokens[0] == prompt[pos]), None)
+            if child is None:
+                break
+            n = _common(child.tokens, prompt[pos:])
+            pos += n
+            if n < len(child.tokens):
+                break
+            candidates = child.children
+        return pos
+
+    def collect_unwritten(self) -> None:
+        """Free the nodes no admitted stream goes through whose tokens are not all written (a prompt left before
+        its prefill ended): a retained prefix must be whole to be reused."""
+        for node in self.nodes():
+            if node.users == 0 and node.written < len(node.tokens) and self._attached(node):
+                self._detach_tree(node)
+
+    def evict(self) -> bool:
+        """Free the least recently used node that no admitted stream goes through and that has no children (a
+        retained prefix's last run); False where there is none."""
+        leaves = [n for n in self.nodes() if n.users == 0 and not n.children]
+        if not leaves:
+            return False
+        self._detach(min(leaves, key=_last_use))
+        return True
+
+    def retained(self) -> int:
+        """Slots held by nodes no admitted stream goes through (prefixes kept for later prompts)."""
+        return sum(n.length for n in self.nodes() if n.users == 0)
 
     def nodes(self) -> list[Node]:
         """Every resident node in pre-order (roots, and each node's children, by slot: they are kept sorted)."""
@@ -201,6 +241,18 @@ class Forest:
         siblings.remove(node)
         self._free(node.slot, node.end)
 
+    def _attached(self, node: Node) -> bool:
+        while node.parent is not None:
+            if node not in node.parent.children:
+                return False
+            node = node.parent
+        return node in self.roots
+
+    def _detach_tree(self, node: Node) -> None:
+        for child in list(node.children):
+            self._detach_tree(child)
+        self._detach(node)
+
     def _allocate(self, size: int) -> int | None:
         """The start of `size` free slots at the start of the smallest free interval holding them (best fit: the
         large intervals stay whole for documents), or None."""
@@ -260,6 +312,10 @@ class Forest:
 
 def _slot(node: Node) -> int:
     return node.slot
+
+
+def _last_use(node: Node) -> int:
+    return node.used
 
 
 def _common(a: list[int], b: list[int]) -> int:
