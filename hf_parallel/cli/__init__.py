@@ -1,8 +1,8 @@
-"""The command line `hf-parallel` (also `python -m hf_parallel`): `demo`, `answer` and `eval`.
+"""The command line `hf-parallel` (also `python -m hf_parallel`): `demo`, `answer`, `eval`, `serve` and `batch`.
 
 A mistake in the input is a usage error of one line, `hf-parallel COMMAND: error: ...` (exit status 2);
 Ctrl-C ends a command with one line saying what was saved (exit status 130).  `answer` is `cli.answer`
-(a corpus: `cli.corpus`), `eval` is `cli.evaluate`.
+(a corpus: `cli.corpus`), `eval` is `cli.evaluate`, `serve` and `batch` are `cli.serve`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..frontends import demo
-from . import answer, corpus
+from . import answer, corpus, serve
 from .usage import UsageParser, positive_int
 
 DESCRIPTION = """\
@@ -20,8 +20,10 @@ Parallel prompting: a document read once, all its questions answered at once, ea
   hf-parallel answer --document DOC.txt --questions Q.txt    your own document and questions
   hf-parallel answer --corpus IN.jsonl --out OUT.jsonl       many documents, resumable
   hf-parallel eval                                           answer quality against one question at a time
+  hf-parallel serve --port 8000                              an OpenAI-compatible server
+  hf-parallel batch --input IN.jsonl --output OUT.jsonl      an OpenAI batch file, resumable
 
-The model is the embedded SmolLM2-135M-Instruct unless `answer --model` or `eval --model` names another.
+The model is the embedded SmolLM2-135M-Instruct unless --model names another.
 """
 DEMO_HELP = """\
 Ten questions about a built-in passage, answered by the embedded SmolLM2-135M-Instruct on the CPU: once with
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
         command.error(f"unrecognized arguments: {' '.join(rest)}")
     elif args.command == "demo":
         _demo(command, args.max_new_tokens)
+    elif args.command in ("serve", "batch"):
+        (serve.serve if args.command == "serve" else serve.batch)(command, args)
     else:
         config = answer.config_from(command, args)
         (corpus.answer_corpus if config.corpus else answer.answer_document)(command, config)
@@ -64,7 +68,16 @@ def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
     answer_help = "answer questions about a document, or about every document of a JSON-lines corpus"
     answer_parser = commands.add_parser("answer", help=answer_help, description=answer.HELP, formatter_class=raw)
     answer.add_arguments(answer_parser)
-    return parser, {"demo": demo_parser, "eval": eval_parser, "answer": answer_parser}
+    serve_parser = commands.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server", description=serve.SERVE_HELP, formatter_class=raw
+    )
+    serve.add_serve_arguments(serve_parser)
+    batch_parser = commands.add_parser(
+        "batch", help="an OpenAI batch file answered, resumably", description=serve.BATCH_HELP, formatter_class=raw
+    )
+    serve.add_batch_arguments(batch_parser)
+    parsers = {"demo": demo_parser, "eval": eval_parser, "answer": answer_parser}
+    return parser, {**parsers, "serve": serve_parser, "batch": batch_parser}
 
 
 def _demo(parser: UsageParser, max_new_tokens: int) -> None:

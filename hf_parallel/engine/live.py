@@ -136,14 +136,13 @@ class ServingLoop(RefillLoop):
         self._cancel()
         try:
             self._admit()
-            if not (self.starting or self.cohorts):
-                return
-            logits = self._forward()
-            for _ in self._choose(logits):  # `_finish` tells each request as its streams stop
-                pass
+            if self.starting or self.cohorts:
+                logits = self._forward()
+                for _ in self._choose(logits):  # `_finish` tells each request as its streams stop
+                    pass
+                self.counters.rounds += 1
         except Exception as err:  # noqa: BLE001 - a failed forward fails the row's requests, not the engine
             self._reset(err)
-        self.counters.rounds += 1
         self._count()
 
     # -- admission and leaving --

@@ -1,0 +1,154 @@
+"""`hf-parallel batch`: an OpenAI Batch API input file answered into an output file, resumably.
+
+Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions",
+"body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+"error"}`, written as its request finishes (in no set order; `custom_id` says which line it answers).
+Every request goes to one `Engine` at once, ordered by its prompt's tokens, so lines that share a
+prefix (a document, a system prompt) meet in the row whatever their order in the file.  A line that
+is not a request becomes an output line with `error` set and no response; a request the server would
+refuse becomes one with its 4xx response; the other lines complete.  Lines already in the output
+(by `custom_id`) are not run again, so a run cut short, even by `kill -9`, resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from ..decoding.inputs import eos_token_ids
+from ..engine.serving import Engine
+from ..frontends.jsonlines import append_json_lines, json_or_none, read_json_lines
+from .protocol import Answer, ApiError, Work, parse
+
+URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+@dataclass
+class Summary:
+    """What a run did: lines answered now, of which failed (error line or 4xx/5xx response), and skipped (in
+    the output already)."""
+
+    answered: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class Job:
+    custom_id: str
+    work: Work
+    answer: Answer
+    requests: list
+
+
+def run_batch(
+    engine: Engine, tokenizer, name: str, input_path, output_path, max_n: int = 16, progress: bool | None = None
+) -> Summary:
+    """Answer every line of `input_path` not yet in `output_path` (module docstring) with `engine`'s model, served
+    as `name`."""
+    model = engine.model
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    eos = set(eos_token_ids(model, tokenizer))
+    done = {r["custom_id"] for r in read_json_lines(output_path) if isinstance(r, dict) and "custom_id" in r}
+    summary, jobs, seen, refused = Summary(), [], set(), []
+    for number, line in enumerate(Path(input_path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        record = json_or_none(line)
+        custom_id = record.get("custom_id") if isinstance(record, dict) else None
+        key = custom_id if isinstance(custom_id, str) else f"line {number}"
+        if key in done:
+            summary.skipped += 1
+            continue
+        problem = _line_problem(record, custom_id, seen)
+        if problem is not None:
+            refused.append(_line(key, None, {"code": "invalid_request", "message": f"line {number}: {problem}"}))
+            continue
+        seen.add(custom_id)
+        body = record["body"]
+        try:
+            if body.get("stream"):
+                raise ApiError(400, "a batch answers whole: stream is not taken", param="stream")
+            work = parse(URLS[record["url"]], body, tokenizer, name, context, max_n)
+        except ApiError as err:
+            refused.append(_line(custom_id, _response(err.status, err.body()), None))
+            continue
+        jobs.append(Job(custom_id, work, Answer(work, tokenizer, eos, [0] * len(work.prompts)), []))
+    append_json_lines(output_path, refused)
+    summary.answered = summary.failed = len(refused)
+    _run(engine, jobs, output_path, summary, progress)
+    return summary
+
+
+def _line_problem(record, custom_id, seen: set) -> str | None:
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not isinstance(custom_id, str):
+        return "custom_id must be a string"
+    if custom_id in seen:
+        return f"custom_id {custom_id!r} is used by an earlier line"
+    if record.get("method") != "POST":
+        return "method must be POST"
+    if record.get("url") not in URLS:
+        return f"url must be one of {', '.join(URLS)}"
+    if not isinstance(record.get("body"), dict):
+        return "body must be a JSON object"
+    return None
+
+
+def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progress: bool | None) -> None:
+    """Every job submitted at once (by prompt tokens, so that shared prefixes meet), lines written as they end."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    order = sorted(range(len(jobs)), key=lambda k: jobs[k].work.prompts[0])
+    for k in order:
+        job = jobs[k]
+        for p, prompt in enumerate(job.work.prompts):
+            request = engine.submit(prompt, job.work.options, job.work.n, _forward(events, k, p))
+            job.requests.append(request)
+    open_jobs = len(jobs)
+    bar = tqdm(total=len(jobs), unit="request", disable=progress is False)
+    with bar:
+        while open_jobs:
+            k, p, kind, value = events.get()
+            job = jobs[k]
+            if job.answer.open <= 0:
+                continue  # failed already
+            if kind == "accepted":
+                job.answer.rooms[p] = job.requests[p].room
+                continue
+            if kind == "error":
+                for request in job.requests:
+                    request.cancel()
+                engine.wake()
+                status = 400 if isinstance(value, (ValueError, TypeError, NotImplementedError)) else 500
+                body = ApiError(status, str(value)).body()
+                job.answer.open, line = 0, _line(job.custom_id, _response(status, body), None)
+            else:
+                job.answer.apply(p, kind, value)
+                if job.answer.open:
+                    continue
+                line = _line(job.custom_id, _response(200, job.answer.body()), None)
+            append_json_lines(output_path, [line])
+            summary.answered += 1
+            summary.failed += line["response"]["status_code"] != 200
+            open_jobs -= 1
+            bar.update()
+
+
+def _forward(events: queue.SimpleQueue, k: int, p: int):
+    def on_event(kind, value):
+        events.put((k, p, kind, value))
+
+    return on_event
+
+
+def _response(status: int, body: dict) -> dict:
+    return {"status_code": status, "request_id": uuid.uuid4().hex, "body": body}
+
+
+def _line(custom_id: str, response: dict | None, error: dict | None) -> dict:
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response, "error": error}

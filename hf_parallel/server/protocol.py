@@ -1,0 +1,370 @@
+"""OpenAI's completions and chat completions, as requests to the engine and responses from its tokens.
+
+`parse` checks a request body and turns it into `Work`: the prompts' token ids, generate's options, n
+and how to answer.  A body at fault raises `ApiError`, which becomes OpenAI's error object with a
+4xx status; nothing in a body reaches the model unchecked.  `Choice` turns one stream's tokens into
+text as they come: stop sequences cut off (OpenAI returns text up to a stop sequence, without it),
+text held back while it may still be the start of one, and no half of a multi-byte character sent.
+
+The fields taken, besides `model`, `prompt` / `messages` and `stream`:
+    max_tokens, max_completion_tokens   new tokens per choice (else the model's generation config)
+    temperature                         0: greedy; above 0: sampling (else the generation config's)
+    top_p, n, stop, seed
+    presence_penalty, frequency_penalty only 0: transformers has no processor for them
+    stream_options.include_usage, user  (user is ignored)
+Every other field is refused by name.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+FIELDS = {
+    "completions": {
+        "model",
+        "prompt",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "user",
+    },
+    "chat": {
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "user",
+    },
+}
+MAX_STOP = 4  # stop sequences per request, as OpenAI takes
+ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+class ApiError(Exception):
+    """A request the server refuses: its HTTP status and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, kind=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Work:
+    """A checked request: what the engine runs and how the answer is written."""
+
+    kind: str  # "completions" or "chat"
+    prompts: list[list[int]]  # token ids of each prompt (chat: one, the template applied)
+    options: dict  # generate's options for every prompt
+    n: int
+    stream: bool
+    include_usage: bool
+    stop: list[str]
+    model: str
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse(kind: str, body, tokenizer, served: str, context: int | None, max_n: int) -> Work:
+    """A request body (parsed JSON) of `kind` checked into `Work` for the model `served`, whose positions are
+    `context` (None: unbounded); `ApiError` for anything at fault."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for name in body:
+        if name not in FIELDS[kind]:
+            raise ApiError(400, f"unknown or unsupported field {name!r}", param=name, code="unsupported_field")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise ApiError(400, "'model' is required: a string", param="model")
+    if model != served:
+        raise ApiError(
+            404, f"the model {model!r} does not exist; this server serves {served!r}", "model", "model_not_found"
+        )
+    prompts = _prompts(body, tokenizer) if kind == "completions" else [_chat_prompt(body, tokenizer)]
+    n = _int(body, "n", 1, 1)
+    if n > max_n:
+        raise ApiError(400, f"n={n} is more than this server's limit of {max_n}", param="n")
+    options = {"tokenizer": tokenizer}
+    max_tokens = _max_tokens(body, kind)
+    if max_tokens is not None:
+        options["max_new_tokens"] = max_tokens
+    temperature = _number(body, "temperature", 0, 2)
+    if temperature is not None:
+        options.update(do_sample=False) if temperature == 0 else options.update(do_sample=True, temperature=temperature)
+    top_p = _number(body, "top_p", 0, 1)
+    if top_p is not None:
+        if top_p == 0:
+            raise ApiError(400, "top_p must be above 0", param="top_p")
+        options["top_p"] = top_p
+    seed = body.get("seed")
+    if seed is not None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise ApiError(400, "seed must be an integer", param="seed")
+        options["seed"] = seed
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _number(body, name, -2, 2)
+        if value:
+            raise ApiError(
+                400,
+                f"{name} is not supported: transformers has no logits processor for it; pass 0 or leave it out",
+                param=name,
+            )
+    stop = _stop(body)
+    if stop:
+        options["stop_strings"] = stop
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be true or false", param="stream")
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
+        raise ApiError(400, "stream_options takes only include_usage", param="stream_options")
+    for i, prompt in enumerate(prompts):
+        _check_length(prompt, max_tokens, context, "prompt" if kind == "completions" else "messages", i)
+    include_usage = bool(stream_options.get("include_usage", False))
+    return Work(kind, prompts, options, n, stream, include_usage, stop, model)
+
+
+def _prompts(body: dict, tokenizer) -> list[list[int]]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    elif isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise ApiError(400, "'prompt' is required: a string, a list of strings or token ids", param="prompt")
+    out = []
+    for p in prompt:
+        if isinstance(p, str):
+            ids = tokenizer(p, add_special_tokens=True)["input_ids"]
+        elif isinstance(p, list) and all(_is_id(t) for t in p):
+            ids = list(p)
+        else:
+            raise ApiError(400, "each prompt must be a string or a list of token ids", param="prompt")
+        if not ids:
+            raise ApiError(400, "a prompt is empty", param="prompt")
+        out.append(ids)
+    return out
+
+
+def _chat_prompt(body: dict, tokenizer) -> list[int]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' is required: a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise ApiError(
+                400,
+                f"messages[{i}] must have a role ({', '.join(sorted(ROLES))}) and string content",
+                param=f"messages[{i}]",
+            )
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as err:  # noqa: BLE001 - a template that refuses these messages (its own checks)
+        raise ApiError(400, f"the chat template refused the messages: {err}", param="messages") from err
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _max_tokens(body: dict, kind: str) -> int | None:
+    names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
+    for name in names:
+        value = _int(body, name, None, 1)
+        if value is not None:
+            return value
+    return None
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
+        raise ApiError(400, f"stop must be a non-empty string or a list of up to {MAX_STOP}", param="stop")
+    return stop
+
+
+def _check_length(prompt: list[int], max_tokens: int | None, context: int | None, param: str, i: int) -> None:
+    if context is None:
+        return
+    if len(prompt) >= context:
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} tokens; the model takes at most {context} positions",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if max_tokens is not None and len(prompt) + max_tokens > context:
+        raise ApiError(
+            400,
+            f"max_tokens={max_tokens} after the prompt's {len(prompt)} tokens exceeds the model's {context} positions",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
+def _int(body: dict, name: str, default, low: int):
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ApiError(400, f"{name} must be an integer >= {low}", param=name)
+    return value
+
+
+def _number(body: dict, name: str, low: float, high: float):
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        raise ApiError(400, f"{name} must be a number from {low} to {high}", param=name)
+    return value
+
+
+def _is_id(t) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool) and t >= 0
+
+
+class Choice:
+    """One stream's answer as text: `add` its new tokens, then `finish`; each returns the text to send next."""
+
+    def __init__(self, tokenizer, stop: list[str], eos: set[int]):
+        self.tokenizer, self.stop, self.eos = tokenizer, stop, eos
+        self.tokens: list[int] = []
+        self.sent = ""
+        self.stopped = False  # a stop sequence was found: the text ends before it
+        self.hold = max((len(s) for s in stop), default=1) - 1
+
+    def add(self, tokens: list[int]) -> str:
+        if self.stopped:
+            return ""
+        self.tokens += tokens
+        text = self._text()
+        if self.stopped or text.endswith("\ufffd"):  # a character still incomplete: wait for its next token
+            return self._send(text if self.stopped else self.sent)
+        return self._send(text[: len(text) - self.hold] if self.hold else text)
+
+    def finish(self, room: int | None) -> tuple[str, str]:
+        """(the rest of the text, the finish reason: "stop" at EOS or a stop sequence, else "length")."""
+        text = self._text()
+        rest = self._send(text)
+        ended = self.stopped or (self.tokens and self.tokens[-1] in self.eos)
+        return rest, "stop" if ended or (room is not None and len(self.tokens) < room) else "length"
+
+    def _text(self) -> str:
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            return text[:cut]
+        return text
+
+    def _send(self, text: str) -> str:
+        """What `text` adds to the text sent so far (where a later token changed earlier text, from the first
+        change on: sent text cannot be taken back)."""
+        common = len(self.sent) if text.startswith(self.sent) else _common_prefix(text, self.sent)
+        if len(text) <= common:
+            return ""
+        new, self.sent = text[common:], text
+        return new
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class Answer:
+    """One request's response, written from its engine events: `apply` each event (prompt p's), then `body()`;
+    a stream sends `chunk`s as `apply` gives text."""
+
+    def __init__(self, work: Work, tokenizer, eos: set[int], rooms: list[int]):
+        self.work, self.rooms = work, rooms  # rooms: each prompt's most new tokens (the engine's)
+        self.choices = [Choice(tokenizer, work.stop, eos) for _ in range(len(work.prompts) * work.n)]
+        self.texts = [""] * len(self.choices)
+        self.reasons: list[str | None] = [None] * len(self.choices)
+        self.cached = [0] * len(work.prompts)
+        self.open = len(work.prompts)  # prompts not done
+
+    def apply(self, p: int, kind: str, value) -> list[tuple[int, str, str | None]]:
+        """(choice index, new text, finish reason or None) of one engine event of prompt p."""
+        n, out = self.work.n, []
+        if kind == "start":
+            self.cached[p] = value
+        elif kind == "tokens":
+            out = [(p * n + j, self.choices[p * n + j].add([token]), None) for j, token in value]
+        elif kind == "finish":
+            text, reason = self.choices[p * n + value].finish(self.rooms[p])
+            out = [(p * n + value, text, reason)]
+        elif kind == "done":
+            self.open -= 1
+        for i, text, reason in out:
+            self.texts[i] += text
+            self.reasons[i] = reason or self.reasons[i]
+        return out
+
+    def head(self) -> dict:
+        chat = self.work.kind == "chat"
+        return {
+            "id": ("chatcmpl-" if chat else "cmpl-") + self.work.id,
+            "object": ("chat.completion.chunk" if self.work.stream else "chat.completion")
+            if chat
+            else "text_completion",
+            "created": self.work.created,
+            "model": self.work.model,
+        }
+
+    def chunk(self, i: int, delta, reason) -> dict:
+        """A streamed chunk of choice i: `delta` (chat: a message delta; completions: text)."""
+        choice = {"index": i, ("delta" if self.work.kind == "chat" else "text"): delta, "logprobs": None}
+        return {**self.head(), "choices": [{**choice, "finish_reason": reason}]}
+
+    def usage(self) -> dict:
+        """OpenAI's usage, with the prompt tokens found resident (`cached_tokens`) and those computed."""
+        prompt = sum(len(p) for p in self.work.prompts)
+        completion = sum(len(c.tokens) for c in self.choices)
+        cached = sum(self.cached)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached, "computed_tokens": prompt - cached},
+        }
+
+    def body(self) -> dict:
+        """The whole (non-streamed) response."""
+        if self.work.kind == "chat":
+            choices = [
+                {"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None, "finish_reason": r}
+                for i, (t, r) in enumerate(zip(self.texts, self.reasons))
+            ]
+        else:
+            choices = [
+                {"index": i, "text": t, "logprobs": None, "finish_reason": r}
+                for i, (t, r) in enumerate(zip(self.texts, self.reasons))
+            ]
+        return {**self.head(), "choices": choices, "usage": self.usage()}

@@ -1,0 +1,329 @@
+"""`hf-parallel serve`, driven by the official `openai` client on loopback, with the embedded SmolLM2 (fp32, CPU).
+
+Every answer is compared with plain `model.generate` on its prompt alone (greedy), computed before the server
+starts; whatever else shares the row and whenever it arrives.  Bad requests, a full queue, a client that
+disconnects and the API key are checked through HTTP, as a client sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+
+import httpx2 as httpx  # the HTTP client the openai package is built on
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from hf_parallel.engine.serving import Engine  # noqa: E402
+from hf_parallel.frontends.demo import PASSAGE, QUESTIONS  # noqa: E402
+from hf_parallel.server.app import create_app  # noqa: E402
+
+pytestmark = pytest.mark.slow
+NAME = "SmolLM2-135M-Instruct"
+DOCUMENTS = [
+    PASSAGE,
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "
+    "engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889.",
+    "Photosynthesis is the process by which plants use sunlight, water and carbon dioxide to make oxygen and "
+    "energy in the form of sugar. It takes place mostly in the leaves.",
+    "The Great Wall of China is a series of fortifications built across the historical northern borders of "
+    "ancient Chinese states to protect against nomadic groups from the Eurasian Steppe.",
+]
+ASKS = ["What is it about?", "Where is it?", "Summarize it in one sentence.", "Name one fact from it.",
+        "Who is mentioned?", "What is the main subject?", "Give a title for it.", "What happens in it?"]  # fmt: skip
+
+
+class Server:
+    """An app on 127.0.0.1 (a free port), run by uvicorn on a thread; `stop()` shuts it down."""
+
+    def __init__(self, app):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served(smollm2):
+    model, tokenizer = smollm2
+    engine = Engine(model, max_streams=64)
+    server = Server(create_app(engine, tokenizer, NAME, max_n=8))
+    yield server, engine, model, tokenizer
+    server.stop()
+
+
+def alone(model, tokenizer, ids: list[int], max_new_tokens: int, stop: list[str] | None = None) -> str:
+    """What model.generate answers for these prompt ids alone (greedy), as text; cut at a stop sequence."""
+    prompt = torch.tensor([ids])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                         do_sample=False, stop_strings=stop, tokenizer=tokenizer)  # fmt: skip
+    text = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    for s in stop or []:
+        text = text.split(s)[0]
+    return text
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"])
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"hf_parallel_{name} ")))
+
+
+def test_concurrent_requests_about_four_documents_each_as_alone(served):
+    """32 requests (completions and chat, streamed and not, sync and async clients) about 4 documents, shuffled and
+    arriving over time: every text equals model.generate's for that prompt alone."""
+    server, engine, model, tokenizer = served
+    rng = random.Random(0)
+    jobs = []
+    for i in range(32):
+        doc, ask = DOCUMENTS[i % 4], ASKS[(i * 3) % len(ASKS)]
+        if i % 2:
+            messages = [{"role": "system", "content": doc}, {"role": "user", "content": ask}]
+            jobs.append(("chat", messages, chat_ids(tokenizer, messages), 6 + i % 7, i % 4 == 1))
+        else:
+            prompt = f"{doc}\nQuestion: {ask}\nAnswer:"
+            jobs.append(("completions", prompt, tokenizer(prompt)["input_ids"], 6 + i % 7, i % 4 == 0))
+    rng.shuffle(jobs)
+    expected = [alone(model, tokenizer, ids, max_tokens) for _, _, ids, max_tokens, _ in jobs]
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+    async def ask(job, delay):
+        kind, prompt, _, max_tokens, stream = job
+        await asyncio.sleep(delay)
+        common = dict(model=NAME, max_tokens=max_tokens, temperature=0, stream=stream)
+        if kind == "chat":
+            response = await client.chat.completions.create(messages=prompt, **common)
+            if stream:
+                return "".join([c.choices[0].delta.content or "" async for c in response if c.choices])
+            return response.choices[0].message.content
+        response = await client.completions.create(prompt=prompt, **common)
+        if stream:
+            return "".join([c.choices[0].text async for c in response if c.choices])
+        return response.choices[0].text
+
+    async def main():
+        return await asyncio.gather(*(ask(job, rng.random() * 2) for job in jobs))
+
+    assert asyncio.run(main()) == expected
+    sync = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    kind, prompt, _, max_tokens, _ = next(j for j in jobs if j[0] == "completions")
+    again = sync.completions.create(model=NAME, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    assert again.choices[0].text == expected[jobs.index(next(j for j in jobs if j[0] == "completions"))]
+
+
+def test_different_limits_stops_temperatures_and_n_in_one_row(served):
+    server, engine, model, tokenizer = served
+    doc = DOCUMENTS[0]
+    prompts = [f"{doc}\nQuestion: {q}\nAnswer:" for q in QUESTIONS[:4]]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    expected = [
+        alone(model, tokenizer, ids[0], 5),
+        alone(model, tokenizer, ids[1], 20, stop=[" the", "."]),
+        alone(model, tokenizer, ids[3], 9),
+    ]
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+    async def main():
+        return await asyncio.gather(
+            client.completions.create(model=NAME, prompt=prompts[0], max_tokens=5, temperature=0),
+            client.completions.create(model=NAME, prompt=prompts[1], max_tokens=20, temperature=0, stop=[" the", "."]),
+            client.completions.create(model=NAME, prompt=prompts[2], max_tokens=8, temperature=0.8, seed=1),
+            client.completions.create(model=NAME, prompt=prompts[3], max_tokens=9, temperature=0, n=4),
+        )
+
+    short, stopped, sampled, four = asyncio.run(main())
+    assert short.choices[0].text == expected[0] and short.choices[0].finish_reason == "length"
+    assert stopped.choices[0].text == expected[1] and stopped.choices[0].finish_reason == "stop"
+    assert 1 <= sampled.usage.completion_tokens <= 8
+    assert [c.text for c in four.choices] == [expected[2]] * 4 and [c.index for c in four.choices] == [0, 1, 2, 3]
+    assert four.usage.prompt_tokens == len(ids[3])
+
+
+def test_a_burst_about_one_document_computes_it_once(served):
+    """Usage's cached tokens and the server's metrics count the document's tokens once for the burst."""
+    server, engine, model, tokenizer = served
+    doc = " ".join([DOCUMENTS[3]] * 4)  # a document no earlier test sent
+    prompts = [f"{doc}\nQuestion: {q}\nAnswer:" for q in QUESTIONS[:8]]
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    before = metric(server.url, "prompt_tokens_computed_total"), metric(server.url, "prompt_tokens_total")
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+    async def main():
+        calls = [client.completions.create(model=NAME, prompt=p, max_tokens=4, temperature=0) for p in prompts]
+        return await asyncio.gather(*calls)
+
+    responses = asyncio.run(main())
+    computed = metric(server.url, "prompt_tokens_computed_total") - before[0]
+    requested = metric(server.url, "prompt_tokens_total") - before[1]
+    doc_tokens = len(tokenizer(doc)["input_ids"])
+    assert requested == sum(lengths)
+    assert computed <= sum(lengths) - 7 * (doc_tokens - 2)  # the document once, not eight times
+    details = [r.usage.prompt_tokens_details for r in responses]
+    assert sum(d.cached_tokens for d in details) == requested - computed
+    assert all(d.cached_tokens + d.computed_tokens == r.usage.prompt_tokens for d, r in zip(details, responses))
+
+
+BAD = [
+    (b"{not json", 400, None),
+    ({"model": NAME, "prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"model": "gpt-4", "prompt": "x"}, 404, "model"),
+    ({"model": NAME, "prompt": [5] * 9000}, 400, "prompt"),
+    ({"model": NAME, "prompt": "x", "max_tokens": 9000}, 400, "max_tokens"),
+    ({"model": NAME, "prompt": "x", "n": 9}, 400, "n"),
+    ({"model": NAME, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": NAME, "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"model": NAME, "prompt": [10**7]}, 400, None),
+    ({"model": NAME}, 400, "prompt"),
+    ([1, 2], 400, None),
+]
+
+
+@pytest.mark.parametrize("body, status, param", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_a_bad_request_gets_openais_error_object(served, body, status, param):
+    server = served[0]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = httpx.post(f"{server.url}/v1/completions", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param
+
+
+def test_bad_chat_and_routes(served):
+    server = served[0]
+    for body in ({"model": NAME, "messages": []}, {"model": NAME, "messages": [{"role": "king", "content": "x"}]}):
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+        assert response.status_code == 400 and response.json()["error"]["param"].startswith("messages")
+    assert httpx.get(f"{server.url}/v1/nowhere").json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+
+
+def test_a_client_gone_mid_stream_gives_its_room_back(served):
+    server, engine, model, tokenizer = served
+    body = {"model": NAME, "prompt": DOCUMENTS[1] + " Tell me a long story.", "max_tokens": 400, "temperature": 0,
+            "stream": True, "n": 3}  # fmt: skip
+    with httpx.Client(timeout=30) as client, client.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+        assert metric(server.url, "live_streams") == 3
+    deadline = time.monotonic() + 30
+    while metric(server.url, "live_streams") or metric(server.url, "row_slots_used") != metric(
+        server.url, "row_slots_retained"
+    ):
+        assert time.monotonic() < deadline, "the streams stayed"
+        time.sleep(0.05)
+    assert metric(server.url, "requests_cancelled_total") >= 1
+
+
+def test_an_api_key_is_needed_where_set(smollm2):
+    model, tokenizer = smollm2
+    engine = Engine(model, max_memory="256MiB")
+    server = Server(create_app(engine, tokenizer, NAME, api_key="sesame"))
+    try:
+        wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="guess", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sesame", max_retries=0)
+        assert [m.id for m in right.models.list().data] == [NAME]
+    finally:
+        server.stop()
+
+
+def test_a_full_queue_answers_429_with_retry_after(smollm2):
+    model, tokenizer = smollm2
+    engine = Engine(model, max_memory="256MiB", max_streams=1, max_queue=1)
+    server = Server(create_app(engine, tokenizer, NAME))
+    try:
+        body = {"model": NAME, "prompt": "Count to one hundred:", "max_tokens": 60, "temperature": 0}
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as client:
+                first = asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body))
+                while not engine.counters.live_streams:
+                    await asyncio.sleep(0.01)
+                second = asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body))
+                while engine.counters.queued < 1:
+                    await asyncio.sleep(0.01)
+                third = await client.post(f"{server.url}/v1/completions", json=body)
+                return await first, await second, third
+
+        first, second, third = asyncio.run(main())
+        assert first.status_code == 200 and second.status_code == 200
+        assert third.status_code == 429 and third.headers["retry-after"] == "1"
+        assert third.json()["error"]["code"] == "queue_full"
+    finally:
+        server.stop()
+
+
+def batch_lines(tokenizer) -> list[dict]:
+    """A batch file's requests: completions and chat about the documents, shuffled, with n and stop."""
+    rng, lines = random.Random(3), []
+    for i in range(10):
+        doc, ask = DOCUMENTS[i % 3], ASKS[i % len(ASKS)]
+        if i % 2:
+            body = {"model": NAME, "messages": [{"role": "system", "content": doc}, {"role": "user", "content": ask}]}
+            url = "/v1/chat/completions"
+        else:
+            body, url = {"model": NAME, "prompt": f"{doc}\nQuestion: {ask}\nAnswer:"}, "/v1/completions"
+        body.update(
+            max_tokens=4 + i % 5, temperature=0, **({"n": 2} if i == 4 else {}), **({"stop": "."} if i == 6 else {})
+        )
+        lines.append({"custom_id": f"r{i}", "method": "POST", "url": url, "body": body})
+    rng.shuffle(lines)
+    return lines
+
+
+def test_the_batch_runner_answers_as_the_server_and_reports_bad_lines(served, tmp_path):
+    from hf_parallel.server.batch import run_batch
+
+    server, engine, model, tokenizer = served
+    lines = batch_lines(tokenizer)
+    first = lines[0]["custom_id"]
+    bad = ["{not json", json.dumps({"custom_id": first, "method": "POST", "url": "/v1/completions", "body": {}}),
+           json.dumps({"custom_id": "x1", "method": "GET", "url": "/v1/completions", "body": {}}),
+           json.dumps({"custom_id": "x2", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": NAME, "prompt": "x", "best_of": 2}})]  # fmt: skip
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join([json.dumps(line) for line in lines[:5]] + bad + [json.dumps(x) for x in lines[5:]]))
+    out = tmp_path / "out.jsonl"
+    summary = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert summary.answered == len(records) == len(lines) + len(bad) and summary.failed == len(bad)
+    by_id = {r["custom_id"]: r for r in records if not (r["custom_id"] == first and r["error"])}
+    for line in lines:
+        record = by_id[line["custom_id"]]
+        assert record["error"] is None and record["response"]["status_code"] == 200
+        served_body = httpx.post(f"{server.url}{line['url']}", json=line["body"], timeout=120).json()
+        got, want = record["response"]["body"]["choices"], served_body["choices"]
+        key = "message" if line["url"].endswith("chat/completions") else "text"
+        assert [(c[key], c["finish_reason"]) for c in got] == [(c[key], c["finish_reason"]) for c in want]
+    assert by_id["line 6"]["error"]["message"].startswith("line 6: not a JSON object")
+    repeated = [r for r in records if r["custom_id"] == first and r["error"]]
+    assert "used by an earlier line" in repeated[0]["error"]["message"]
+    assert by_id["x1"]["error"]["code"] == "invalid_request"
+    refused = by_id["x2"]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "best_of"
+    again = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)  # all answered: nothing runs
+    assert again.answered == 0 and again.skipped == len(records) and len(out.read_text().splitlines()) == len(records)
