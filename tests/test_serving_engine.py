@@ -318,3 +318,31 @@ def test_a_full_queue_refuses_and_the_model_is_free_when_idle(model):
         assert model.config._attn_implementation == fresh.config._attn_implementation
     finally:
         engine.close(10)
+
+
+def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
+    """Requests that need only argmax and EOS share one pool of rows once started (one pass a round, not one per
+    request); a request with a processor keeps its own."""
+    from hf_parallel.engine.live import GreedyPool
+
+    gen = torch.Generator().manual_seed(11)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(3, gen) for _ in range(7)]
+    engine = engine_for(model, 800)
+    try:
+        collectors = [Collector() for _ in prompts]
+        for i, (prompt, c) in enumerate(zip(prompts, collectors)):
+            options = dict(max_new_tokens=60, eos_token_id=[])
+            engine.submit(prompt, {**options, **({"repetition_penalty": 1.2} if i == 6 else {})}, 1, c)
+        while not all(len(c.tokens.get(0, [])) >= 3 for c in collectors):
+            time.sleep(0.001)
+        kinds = sorted(type(c).__name__ for c in list(engine.loop.cohorts))
+        pool = next(c for c in engine.loop.cohorts if isinstance(c, GreedyPool))
+        assert kinds == ["Cohort", "GreedyPool"] and len(pool.streams) == 6
+        for c in collectors:
+            c.wait()
+        engine.wait_idle(TIMEOUT)
+        for prompt, c in zip(prompts[:6], collectors):
+            assert c.tokens[0] == generate_alone(model, prompt, 60, eos=[])
+    finally:
+        engine.close(10)

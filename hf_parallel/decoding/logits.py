@@ -174,6 +174,15 @@ class Processing:
             self.rows = _rows(self.row_group, len(self.groups), running.device)
             self.whole = whole_group(self.rows)
 
+    def eos_only(self) -> tuple[int, ...] | None:
+        """The EOS ids, where generate's lists do nothing but stop at EOS (no processor, no other criterion but the
+        length the decode loop bounds): argmax and an EOS test then choose and stop exactly.  Else None."""
+        criteria = [self.groups[0].criteria[s.index[0]] for s in self.stop]
+        if self.process or any(type(c) is not sc.EosTokenCriteria for c in criteria):
+            return None
+        ids = {int(t) for c in criteria for t in c.eos_token_id.flatten().tolist()}
+        return tuple(sorted(ids))
+
     def _ids(self, stage: Stage, n: int, tokens: torch.Tensor | None = None) -> torch.Tensor:
         if stage.way == "shape":
             return self.zero.expand(n, stage.width + self.length)

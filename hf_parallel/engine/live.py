@@ -76,6 +76,47 @@ class Counters:
     max_streams: int = 0
 
 
+class GreedyPool:
+    """The live streams, of any number of requests, whose token is the argmax of their logits and which stop only at
+    one set of EOS ids or their own token limit (`Processing.eos_only`): all of them choose in one pass.
+
+    It stands in the loop's cohorts as one: rows of `streams`, their newest tokens `last`, `slots()`, `choose`
+    and `drop`; each row has its own step, answer start and token limit.
+    """
+
+    def __init__(self, eos: tuple[int, ...], device: torch.device):
+        self.eos_ids = eos
+        self.eos = torch.tensor(eos, dtype=torch.long, device=device)
+        self.streams: list[int] = []
+        self.steps = torch.zeros(0, dtype=torch.long, device=device)
+        self.starts, self.rooms = self.steps.clone(), self.steps.clone()
+        self.last: torch.Tensor | None = self.steps.clone()
+
+    def join(self, cohort: Cohort) -> None:
+        """Take over a cohort's rows (after its first choice)."""
+        self.streams = self.streams + cohort.streams
+        n = len(cohort.streams)
+        step = torch.full((n,), cohort.step, dtype=torch.long, device=self.steps.device)
+        self.steps = torch.cat([self.steps, step])
+        self.starts = torch.cat([self.starts, cohort.starts])
+        self.rooms = torch.cat([self.rooms, torch.full_like(step, cohort.room)])
+        self.last = torch.cat([self.last, cohort.last])
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every row's next token from its logits [n, V]; [n] bool, which rows stop with it."""
+        self.last = logits.argmax(dim=-1)
+        self.steps += 1
+        return torch.isin(self.last, self.eos) | (self.steps == self.rooms)
+
+    def slots(self) -> torch.Tensor:
+        return self.starts + (self.steps - 1)
+
+    def drop(self, keep: torch.Tensor, keep_list: list[bool]) -> None:
+        self.streams = [s for s, k in zip(self.streams, keep_list) if k]
+        self.steps, self.starts, self.rooms = self.steps[keep], self.starts[keep], self.rooms[keep]
+        self.last = self.last[keep]
+
+
 class ServingLoop(RefillLoop):
     """The refill loop over requests that arrive while it runs (`Engine`), each stream with its request's options."""
 
@@ -84,6 +125,7 @@ class ServingLoop(RefillLoop):
         self.counters = counters
         self.requests: dict[int, Request] = {}  # by stream index, while queued or live
         self.samplers: dict[int, Sampler] = {}  # by request id
+        self.answer: dict[int, int] = {}  # by stream index: which of its request's answers it is
         self.next_stream = 0
 
     def arrive(self, request: Request) -> None:
@@ -102,6 +144,7 @@ class ServingLoop(RefillLoop):
             index, self.next_stream = self.next_stream, self.next_stream + 1
             self.prompts[index] = request.prompt
             self.requests[index] = request
+            self.answer[index] = len(request.streams)
             request.streams.append(index)
             streams.append((index, request.prompt, request.room))
         self.samplers[id(request)] = Sampler(request.opts, self.runner.device)
@@ -140,6 +183,7 @@ class ServingLoop(RefillLoop):
                 logits = self._forward()
                 for _ in self._choose(logits):  # `_finish` tells each request as its streams stop
                     pass
+                self._pool()
                 self.counters.rounds += 1
         except Exception as err:  # noqa: BLE001 - a failed forward fails the row's requests, not the engine
             self._reset(err)
@@ -193,6 +237,7 @@ class ServingLoop(RefillLoop):
         for index in request.streams:
             self.requests.pop(index, None)
             self.prompts.pop(index, None)
+            self.answer.pop(index, None)
         self.samplers.pop(id(request), None)
 
     def _reset(self, err: Exception) -> None:
@@ -255,18 +300,32 @@ class ServingLoop(RefillLoop):
             return torch.ones(len(cohort.streams), dtype=torch.bool, device=logits.device)
 
     def _chosen(self, live: list[Cohort], tokens: list[int]) -> None:
-        at = 0
-        for cohort in live:
-            request = self.requests[cohort.streams[0]]
-            new = tokens[at : at + len(cohort.streams)]
-            at += len(new)
-            if request.failed is not None:
-                continue
-            pairs = [(request.streams.index(s), t) for s, t in zip(cohort.streams, new)]
-            for j, t in pairs:
-                request.tokens[j].append(t)
+        streams = [s for cohort in live for s in cohort.streams]
+        news: dict[int, tuple[Request, list]] = {}
+        for index, token in zip(streams, tokens):
+            request = self.requests[index]
+            if request.failed is None:
+                j = self.answer[index]
+                request.tokens[j].append(token)
+                news.setdefault(id(request), (request, []))[1].append((j, token))
+        for request, pairs in news.values():
             self.counters.generated_tokens += len(pairs)
             request.on_event("tokens", pairs)
+
+    def _pool(self) -> None:
+        """The cohorts that chose their first token in this round and need only argmax and EOS join their pool."""
+        for cohort in [c for c in self.cohorts if isinstance(c, Cohort) and c.step == 1 and c.streams]:
+            eos = cohort.processing.eos_only() if not cohort.sampler.do_sample else None
+            if eos is None:
+                continue
+            pool = next((c for c in self.cohorts if isinstance(c, GreedyPool) and c.eos_ids == eos), None)
+            if pool is None:
+                pool = GreedyPool(eos, self.runner.device)
+                self.cohorts.append(pool)
+            pool.join(cohort)
+            cohort.streams = []
+            self.live_changed = True
+        self.cohorts = [c for c in self.cohorts if c.streams]
 
     def _finish(self, cohort: Cohort, flags: list[bool]):
         done = {}
@@ -276,7 +335,7 @@ class ServingLoop(RefillLoop):
             self.admission.release(index)
             request.running -= 1
             if request.failed is None:
-                request.on_event("finish", request.streams.index(index))
+                request.on_event("finish", self.answer[index])
             if not request.running:
                 done[id(request)] = request
         for request in done.values():
