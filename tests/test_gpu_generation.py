@@ -4,6 +4,8 @@ free for the next call's budget."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -222,3 +224,36 @@ def test_the_prefill_launches_every_chunk_without_waiting_for_the_gpu(arch):
                 torch.cuda.set_sync_debug_mode("default")
         assert len(chunks) == 1 if size == 4096 else len(chunks) > 2
     torch.testing.assert_close(logits[16], logits[4096], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attn", ATTNS)
+def test_the_serving_engine_matches_generate(cuda_model, attn):
+    """Requests joining a live row over time (captured decode rounds between arrivals, greedy rows chosen in one
+    pass) each equal model.generate alone, on both attention paths."""
+    from hf_parallel.engine.probe import check_support
+    from hf_parallel.engine.serving import Engine
+
+    from .test_serving_engine import Collector
+
+    if check_support(cuda_model).recurrent:
+        pytest.skip("the serving engine refuses models with recurrent layers")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = _prompts(9, 12) + _prompts(10, 6, doc_len=70)
+    limits = [6 + i % 9 for i in range(len(prompts))]
+    free = [generate_alone(cuda_model, p, n, []) for p, n in zip(prompts, limits)]
+    ids = torch.tensor([prompts[5]], device="cuda")
+    options = dict(max_new_tokens=limits[5], do_sample=False, eos_token_id=[], pad_token_id=0, repetition_penalty=1.3)
+    penalized = cuda_model.generate(ids, attention_mask=torch.ones_like(ids), **options)[0, len(prompts[5]) :].tolist()
+    engine = Engine(cuda_model, max_memory="2GiB", max_streams=8, attn=attn)
+    try:
+        collectors = []
+        for i, (prompt, n) in enumerate(zip(prompts, limits)):
+            collectors.append(Collector())
+            options = dict(max_new_tokens=n, eos_token_id=[], **({"repetition_penalty": 1.3} if i == 5 else {}))
+            engine.submit(prompt, options, 1, collectors[-1])
+            time.sleep(0.003 * (i % 4))
+        got = [c.wait().tokens[0] for c in collectors]
+    finally:
+        engine.close(10)
+    assert got[:5] + got[6:] == free[:5] + free[6:]
+    assert got[5] == penalized

@@ -184,6 +184,23 @@ def test_a_burst_about_one_document_computes_it_once(served):
     assert all(d.cached_tokens + d.computed_tokens == r.usage.prompt_tokens for d, r in zip(details, responses))
 
 
+def test_ignore_eos_decodes_to_max_tokens(served):
+    server, engine, model, tokenizer = served
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    ids = chat_ids(tokenizer, messages)
+    prompt = torch.tensor([ids])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+                         eos_token_id=[])  # fmt: skip
+    expected = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0)
+    assert plain.usage.completion_tokens < 40  # it stops at EOS
+    past = client.chat.completions.create(model=NAME, messages=messages, max_tokens=40, temperature=0,
+                                          extra_body={"ignore_eos": True})  # fmt: skip
+    assert past.usage.completion_tokens == 40 and past.choices[0].message.content == expected
+    assert past.choices[0].finish_reason == "length"
+
+
 BAD = [
     (b"{not json", 400, None),
     ({"model": NAME, "prompt": "x", "logprobs": 2}, 400, "logprobs"),
@@ -193,6 +210,7 @@ BAD = [
     ({"model": NAME, "prompt": "x", "n": 9}, 400, "n"),
     ({"model": NAME, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"model": NAME, "prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"model": NAME, "prompt": "x", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ({"model": NAME, "prompt": [10**7]}, 400, None),
     ({"model": NAME}, 400, "prompt"),
     ([1, 2], 400, None),

@@ -346,3 +346,8 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
             assert c.tokens[0] == generate_alone(model, prompt, 60, eos=[])
     finally:
         engine.close(10)
+
+
+def test_a_model_with_recurrent_layers_is_refused_by_name():
+    with pytest.raises(NotImplementedError, match="recurrent layers"):
+        Engine(tiny_model("qwen3_5_text"), max_memory="64MiB")

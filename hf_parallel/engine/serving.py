@@ -20,6 +20,7 @@ import threading
 import traceback
 from collections import deque
 
+import torch
 from transformers import PreTrainedModel
 
 from ..attention import resolve_backend
@@ -28,13 +29,14 @@ from ..models.checks import check_model
 from ..models.placement import loop_device
 from ..row.forest import Forest
 from .admission import Arrivals
-from .budget import row_budget
+from .budget import free_memory, row_budget
 from .live import Counters, Request, ServingLoop
 from .probe import check_support
 from .runner import Runner
 
 MAX_QUEUE = 1024  # requests waiting for the engine's thread or for room, by default
-CPU_MEMORY = "2GiB"  # the row's memory on a CPU unless max_memory says otherwise
+GPU_FRACTION = 0.5  # of a GPU's free memory, the row's unless max_memory says: the rest for forwards and graphs
+CPU_MEMORY = "512MiB"  # a CPU row unless max_memory says: the reference path's dense mask spans its used slots
 
 
 class QueueFull(RuntimeError):
@@ -49,7 +51,7 @@ class Engine:
     """One model's live row on a thread of its own (module docstring).
 
     options: hf_parallel's own options for the row (`attn`, `prefill_chunk`, `cuda_graphs`, `compile`);
-    max_memory: the row's memory (None: on a GPU what it has free, on a CPU `CPU_MEMORY`);
+    max_memory: the row's memory (None: `GPU_FRACTION` of what a GPU has free, on a CPU `CPU_MEMORY`);
     max_streams: most live streams; max_queue: most waiting requests (`submit` raises `QueueFull` past it);
     retain: keep finished prompts' prefixes while room allows.
     """
@@ -65,10 +67,16 @@ class Engine:
     ):
         check_model(model)
         self.model, self.max_queue = model, max_queue
-        if max_memory is None and loop_device(model).type == "cpu":
-            max_memory = CPU_MEMORY  # the row is allocated whole: not every byte the machine has free
+        if max_memory is None:  # the row is allocated whole at start: not all the memory the device has free
+            device = loop_device(model)
+            max_memory = CPU_MEMORY if device.type == "cpu" else int(free_memory(device) * GPU_FRACTION)
         self.opts = GenerationOptions.resolve(model, **options)
         self.support = check_support(model)
+        if self.support.recurrent:
+            raise NotImplementedError(
+                "the serving engine does not serve models with recurrent layers (their per-stream state does not "
+                "join a live row); generate_tokens answers them in waves of rows"
+            )
         self.backend = resolve_backend(self.opts.attn, model.device)
         chunk = self.opts.prefill_chunk_for(self.backend)
         self.budget = row_budget(model, self.support, chunk, max_memory, max_streams)
@@ -157,7 +165,7 @@ class Engine:
             with self._wake:
                 self._holding = True
             try:
-                with runner.using_model():  # the model is the engine's until the row is empty again
+                with runner.using_model(), torch.inference_mode():  # the model is the engine's until the row empties
                     while True:
                         with self._wake:
                             arrived, self._inbox = list(self._inbox), deque()

@@ -12,6 +12,7 @@ The fields taken, besides `model`, `prompt` / `messages` and `stream`:
     top_p, n, stop, seed
     presence_penalty, frequency_penalty only 0: transformers has no processor for them
     stream_options.include_usage, user  (user is ignored)
+    ignore_eos                          vLLM's and SGLang's: true decodes past EOS to max_tokens
 Every other field is refused by name.
 """
 
@@ -21,39 +22,9 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-FIELDS = {
-    "completions": {
-        "model",
-        "prompt",
-        "stream",
-        "stream_options",
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "n",
-        "stop",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "user",
-    },
-    "chat": {
-        "model",
-        "messages",
-        "stream",
-        "stream_options",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "n",
-        "stop",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "user",
-    },
-}
+SHARED = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
+          "presence_penalty", "frequency_penalty", "user", "ignore_eos"}  # fmt: skip
+FIELDS = {"completions": SHARED | {"prompt"}, "chat": SHARED | {"messages", "max_completion_tokens"}}
 MAX_STOP = 4  # stop sequences per request, as OpenAI takes
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 
@@ -130,6 +101,11 @@ def parse(kind: str, body, tokenizer, served: str, context: int | None, max_n: i
                 f"{name} is not supported: transformers has no logits processor for it; pass 0 or leave it out",
                 param=name,
             )
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise ApiError(400, "ignore_eos must be true or false", param="ignore_eos")
+    if ignore_eos:
+        options["eos_token_id"] = []
     stop = _stop(body)
     if stop:
         options["stop_strings"] = stop
@@ -248,11 +224,18 @@ def _is_id(t) -> bool:
 
 
 class Choice:
-    """One stream's answer as text: `add` its new tokens, then `finish`; each returns the text to send next."""
+    """One stream's answer as text: `add` its new tokens, then `finish`; each returns the text to send next.
+
+    Tokens are decoded incrementally (a window from the last complete character on, as TGI and vLLM do), so a
+    long answer costs one short decode a token; `finish` decodes the whole answer once, the text a response
+    holds.
+    """
 
     def __init__(self, tokenizer, stop: list[str], eos: set[int]):
         self.tokenizer, self.stop, self.eos = tokenizer, stop, eos
         self.tokens: list[int] = []
+        self.text = ""  # the complete characters decoded so far
+        self.prefix, self.read = 0, 0  # the decode window's start, and where its new tokens start
         self.sent = ""
         self.stopped = False  # a stop sequence was found: the text ends before it
         self.hold = max((len(s) for s in stop), default=1) - 1
@@ -261,20 +244,23 @@ class Choice:
         if self.stopped:
             return ""
         self.tokens += tokens
-        text = self._text()
-        if self.stopped or text.endswith("\ufffd"):  # a character still incomplete: wait for its next token
-            return self._send(text if self.stopped else self.sent)
-        return self._send(text[: len(text) - self.hold] if self.hold else text)
+        before = self.tokenizer.decode(self.tokens[self.prefix : self.read], skip_special_tokens=True)
+        after = self.tokenizer.decode(self.tokens[self.prefix :], skip_special_tokens=True)
+        if len(after) <= len(before) or after.endswith("\ufffd"):  # a character still incomplete: wait
+            return ""
+        self.text += after[len(before) :]
+        self.prefix, self.read = self.read, len(self.tokens)
+        text = self._cut(self.text)
+        return self._send(text if self.stopped else text[: len(text) - self.hold])
 
     def finish(self, room: int | None) -> tuple[str, str]:
         """(the rest of the text, the finish reason: "stop" at EOS or a stop sequence, else "length")."""
-        text = self._text()
-        rest = self._send(text)
+        rest = self._send(self._cut(self.tokenizer.decode(self.tokens, skip_special_tokens=True)))
         ended = self.stopped or (self.tokens and self.tokens[-1] in self.eos)
         return rest, "stop" if ended or (room is not None and len(self.tokens) < room) else "length"
 
-    def _text(self) -> str:
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+    def _cut(self, text: str) -> str:
+        """`text` up to its first stop sequence (then `stopped`)."""
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
