@@ -351,3 +351,18 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
 def test_a_model_with_recurrent_layers_is_refused_by_name():
     with pytest.raises(NotImplementedError, match="recurrent layers"):
         Engine(tiny_model("qwen3_5_text"), max_memory="64MiB")
+
+
+def test_rounds_record_no_autograd_graph(model):
+    """The engine's forwards run in inference mode: no activations kept for a backward pass."""
+    seen = []
+    handle = model.model.layers[0].register_forward_hook(lambda *_: seen.append(torch.is_inference_mode_enabled()))
+    engine = engine_for(model, 200)
+    try:
+        c = Collector()
+        engine.submit(random_tokens(20, torch.Generator().manual_seed(12)), dict(max_new_tokens=3), 1, c)
+        c.wait()
+    finally:
+        engine.close(10)
+        handle.remove()
+    assert seen and all(seen)

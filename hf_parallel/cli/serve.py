@@ -59,7 +59,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-memory",
         default=None,
         metavar="SIZE",
-        help="what the packed row may take, such as 40GiB (default: on a GPU what it has free; on the CPU 512MiB)",
+        help="what the packed row may take, such as 40GiB (default: half what the GPU has free; on the CPU 512MiB)",
     )
     parser.add_argument(
         "--max-streams",
