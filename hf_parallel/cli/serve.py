@@ -112,9 +112,12 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel serve`: until SIGTERM or Ctrl-C, then exit 0."""
-    import uvicorn  # optional: the `serve` extra
+    try:
+        import uvicorn  # optional: the `serve` extra
 
-    from ..server.app import create_app  # optional: FastAPI, of the `serve` extra
+        from ..server.app import create_app  # optional: FastAPI, of the `serve` extra
+    except ImportError as error:
+        parser.fail(f"hf-parallel serve needs FastAPI and uvicorn ({error}): pip install 'hf-parallel[serve]'")
 
     engine, tokenizer, name = _engine(parser, args, max_queue=args.max_queue)
     app = create_app(engine, tokenizer, name, api_key=args.api_key, max_n=args.max_n)
@@ -129,7 +132,7 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
 
 def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel batch`: every line answered; exit 0 when every line has an answer (4xx ones included)."""
-    from ..server.batch import run_batch  # optional: the server's modules need FastAPI
+    from ..server.batch import run_batch  # start-up: the batch runner's modules load only for `batch`
 
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
