@@ -65,6 +65,13 @@ class Collector:
         return self
 
 
+def questions_about_one_document(seed: int, n: int, doc_len: int, question_len: int) -> list[list[int]]:
+    """n prompts: one random document of `doc_len` tokens, each with a random question of `question_len`."""
+    gen = torch.Generator().manual_seed(seed)
+    doc = random_tokens(doc_len, gen)
+    return [doc + random_tokens(question_len, gen) for _ in range(n)]
+
+
 def _wait_idle(engine: Engine) -> None:
     assert engine.wait_idle(TIMEOUT)
 
@@ -105,9 +112,7 @@ def test_requests_arriving_over_time_are_each_answered_as_alone(model):
 
 def test_options_differ_by_request_in_one_row(model):
     """Greedy, repetition penalty, no-repeat n-grams, min_new_tokens and n > 1 in one row, each as generate."""
-    gen = torch.Generator().manual_seed(3)
-    doc = random_tokens(45, gen)
-    prompts = [doc + random_tokens(3, gen) for _ in range(5)]
+    prompts = questions_about_one_document(seed=3, n=5, doc_len=45, question_len=3)
     options = [
         dict(max_new_tokens=6, eos_token_id=[]),
         dict(max_new_tokens=5, repetition_penalty=1.5, eos_token_id=[]),
@@ -179,9 +184,7 @@ def test_without_retention_nothing_stays(model):
 def test_a_cancelled_request_leaves_and_its_room_comes_back(model):
     """Requests cancelled while queued, while their prompt is written and while decoding leave the row; the
     others are exact, and the row holds only retained prefixes after."""
-    gen = torch.Generator().manual_seed(6)
-    doc = random_tokens(50, gen)
-    prompts = [doc + random_tokens(4, gen) for _ in range(6)]
+    prompts = questions_about_one_document(seed=6, n=6, doc_len=50, question_len=4)
     engine = engine_for(model, 2000, max_streams=3, prefill_chunk=8)
     try:
         collectors = [Collector() for _ in prompts]
@@ -215,9 +218,7 @@ class Raising(LogitsProcessor):
 def test_a_failing_request_fails_alone(model):
     """A request whose logits processor raises gets an error; the requests beside it in the row are exact, and
     the engine serves the next ones."""
-    gen = torch.Generator().manual_seed(7)
-    doc = random_tokens(30, gen)
-    prompts = [doc + random_tokens(3, gen) for _ in range(3)]
+    prompts = questions_about_one_document(seed=7, n=3, doc_len=30, question_len=3)
     engine = engine_for(model, 400)
     try:
         collectors = [Collector() for _ in prompts]
@@ -325,9 +326,7 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
     request); a request with a processor keeps its own."""
     from hf_parallel.engine.live import GreedyPool
 
-    gen = torch.Generator().manual_seed(11)
-    doc = random_tokens(30, gen)
-    prompts = [doc + random_tokens(3, gen) for _ in range(7)]
+    prompts = questions_about_one_document(seed=11, n=7, doc_len=30, question_len=3)
     engine = engine_for(model, 800)
     try:
         collectors = [Collector() for _ in prompts]

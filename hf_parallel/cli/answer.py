@@ -234,13 +234,19 @@ def _source(what: str, path: str) -> str:
 
 
 def load(parser: UsageParser, config: AnswerConfig):
-    """(model, tokenizer): --model, else the embedded SmolLM2, in --dtype on --device; a usage error where
-    the model cannot be loaded or --attn cannot run on the device."""
-    device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if config.attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    """(model, tokenizer) of the config's --model, --dtype, --device and --attn (`load_named`)."""
+    return load_named(parser, config.model, config.dtype, config.device, config.attn)
+
+
+def load_named(parser: UsageParser, model: str | None, dtype: str, device: str | None, attn: str):
+    """(model, tokenizer): `model`, else the embedded SmolLM2, in `dtype` ("auto": bfloat16 on CUDA, float32 on the
+    CPU) on `device` (None: cuda when there is one); a usage error where the model cannot be loaded or `attn` cannot
+    run on the device."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.fail("--attn triton runs on CUDA; on the CPU, pass --attn reference (or auto)")
-    dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     try:
-        return load_model(config.model, getattr(torch, dtype), device)
+        return load_model(model, getattr(torch, dtype), device)
     except ModelSourceError as error:
         parser.fail(str(error))

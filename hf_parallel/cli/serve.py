@@ -11,12 +11,11 @@ import os
 import signal
 import sys
 
-import torch
-
-from ..attention import BACKENDS
 from ..decoding.options import parse_memory
 from ..engine.serving import Engine
-from ..frontends.model_loading import DEFAULT_NAME, MODEL_HELP, ModelSourceError, load_model
+from ..frontends.model_loading import DEFAULT_NAME, MODEL_HELP
+from ..server.batch import run_batch
+from .answer import ATTENTION, DTYPES, load_named
 from .usage import UsageParser, positive_int
 
 SERVE_HELP = """\
@@ -39,7 +38,6 @@ interruption, it answers only the lines OUT lacks.
 
   hf-parallel batch --input requests.jsonl --output results.jsonl
 """
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +71,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--attn",
-        choices=("auto", *sorted(BACKENDS)),
+        choices=ATTENTION,
         default="auto",
         help="attention path (default: auto: triton on CUDA, else reference)",
     )
@@ -132,8 +130,6 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
 
 def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel batch`: every line answered; exit 0 when every line has an answer (4xx ones included)."""
-    from ..server.batch import run_batch  # start-up: the batch runner's modules load only for `batch`
-
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
     engine, tokenizer, name = _engine(parser, args, max_queue=sys.maxsize)
@@ -152,19 +148,12 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
 
 def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     """(Engine, tokenizer, served name) from the model flags; a usage error where they cannot be met."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        parser.fail("--attn triton runs on CUDA; on the CPU, pass --attn reference (or auto)")
     if args.max_memory is not None:
         try:
             parse_memory(args.max_memory)
         except ValueError as error:
             parser.fail(f"--max-memory: {error}")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
-    try:
-        model, tokenizer = load_model(args.model, getattr(torch, dtype), device)
-    except ModelSourceError as error:
-        parser.fail(str(error))
+    model, tokenizer = load_named(parser, args.model, args.dtype, args.device, args.attn)
     name = args.served_model_name or args.model or DEFAULT_NAME
     try:
         engine = Engine(

@@ -11,7 +11,6 @@ and the row starts empty.  `engine.serving.Engine` runs it on a thread of its ow
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,11 +46,10 @@ class Request:
         self.opts: GenerationOptions | None = None
         self.room = 0  # new tokens each stream may get
         self.streams: list[int] = []  # engine stream indices, one per answer j
-        self.tokens: list[list[int]] = [[] for _ in range(n)]
         self.running = n
         self.cached = 0
         self.failed: Exception | None = None  # raised while choosing its tokens: it fails once its rows stop
-        self.arrived = time.monotonic()
+        self.sampler: Sampler | None = None
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -124,7 +122,6 @@ class ServingLoop(RefillLoop):
         super().__init__(runner, {}, arrivals, 1)
         self.counters = counters
         self.requests: dict[int, Request] = {}  # by stream index, while queued or live
-        self.samplers: dict[int, Sampler] = {}  # by request id
         self.answer: dict[int, int] = {}  # by stream index: which of its request's answers it is
         self.next_stream = 0
 
@@ -147,7 +144,7 @@ class ServingLoop(RefillLoop):
             self.answer[index] = len(request.streams)
             request.streams.append(index)
             streams.append((index, request.prompt, request.room))
-        self.samplers[id(request)] = Sampler(request.opts, self.runner.device)
+        request.sampler = Sampler(request.opts, self.runner.device)
         self.admission.add(streams)
         self.counters.queued += 1
         self.counters.requests += 1
@@ -238,7 +235,6 @@ class ServingLoop(RefillLoop):
             self.requests.pop(index, None)
             self.prompts.pop(index, None)
             self.answer.pop(index, None)
-        self.samplers.pop(id(request), None)
 
     def _reset(self, err: Exception) -> None:
         """A forward failed: every request in the row fails with it, and the row starts empty."""
@@ -285,7 +281,7 @@ class ServingLoop(RefillLoop):
             [request.prompt] * len(run),
             starts,
             request.room,
-            self.samplers[id(request)],
+            request.sampler,
             request.opts,
         )
 
@@ -306,7 +302,6 @@ class ServingLoop(RefillLoop):
             request = self.requests[index]
             if request.failed is None:
                 j = self.answer[index]
-                request.tokens[j].append(token)
                 news.setdefault(id(request), (request, []))[1].append((j, token))
         for request, pairs in news.values():
             self.counters.generated_tokens += len(pairs)

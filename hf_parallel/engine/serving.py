@@ -129,12 +129,6 @@ class Engine:
             self._thread.join(30)
         return not self._thread.is_alive()
 
-    @property
-    def busy(self) -> bool:
-        """Whether the engine has requests or holds the model."""
-        with self._wake:
-            return self._holding or bool(self._inbox)
-
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until the engine has no request and has let the model go; whether it has."""
         with self._wake:

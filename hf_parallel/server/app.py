@@ -24,13 +24,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..decoding.inputs import eos_token_ids
 from ..engine.serving import Closed, Engine, QueueFull
-from .protocol import Answer, ApiError, Work, parse
+from .protocol import Answer, ApiError, Work, fault_status, model_limits, parse
 
 MAX_N = 16  # most choices per request, by default
 RETRY_AFTER = 1  # seconds a client told the queue is full waits
-CLIENT_FAULTS = (ValueError, TypeError, NotImplementedError)
 
 
 def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None, max_n: int = MAX_N) -> FastAPI:
@@ -43,9 +41,7 @@ def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None,
         await asyncio.to_thread(engine.close, 10)
 
     app = FastAPI(title="hf-parallel", lifespan=lifespan)
-    model = engine.model
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    eos = set(eos_token_ids(model, tokenizer))
+    context, eos = model_limits(engine.model, tokenizer)
 
     def authorize(request: Request) -> None:
         if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
@@ -244,9 +240,8 @@ async def _json(request: Request):
 
 
 def _engine_error(err: Exception) -> ApiError:
-    if isinstance(err, CLIENT_FAULTS):
-        return ApiError(400, str(err))
-    return ApiError(500, f"the request failed: {err}")
+    status = fault_status(err)
+    return ApiError(status, str(err) if status < 500 else f"the request failed: {err}")
 
 
 def _error_response(error: ApiError) -> JSONResponse:

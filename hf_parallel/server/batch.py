@@ -19,10 +19,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..decoding.inputs import eos_token_ids
 from ..engine.serving import Engine
 from ..frontends.jsonlines import append_json_lines, json_or_none, read_json_lines
-from .protocol import Answer, ApiError, Work, parse
+from .protocol import Answer, ApiError, Work, fault_status, model_limits, parse
 
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -50,9 +49,7 @@ def run_batch(
 ) -> Summary:
     """Answer every line of `input_path` not yet in `output_path` (module docstring) with `engine`'s model, served
     as `name`."""
-    model = engine.model
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    eos = set(eos_token_ids(model, tokenizer))
+    context, eos = model_limits(engine.model, tokenizer)
     done = {r["custom_id"] for r in read_json_lines(output_path) if isinstance(r, dict) and "custom_id" in r}
     summary, jobs, seen, refused = Summary(), [], set(), []
     for number, line in enumerate(Path(input_path).read_text(encoding="utf-8").splitlines(), 1):
@@ -124,7 +121,7 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
                 for request in job.requests:
                     request.cancel()
                 engine.wake()
-                status = 400 if isinstance(value, (ValueError, TypeError, NotImplementedError)) else 500
+                status = fault_status(value)
                 body = ApiError(status, str(value)).body()
                 job.answer.open, line = 0, _line(job.custom_id, _response(status, body), None)
             else:

@@ -22,11 +22,25 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from ..decoding.inputs import eos_token_ids
+
 SHARED = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
           "presence_penalty", "frequency_penalty", "user", "ignore_eos"}  # fmt: skip
 FIELDS = {"completions": SHARED | {"prompt"}, "chat": SHARED | {"messages", "max_completion_tokens"}}
+CLIENT_FAULTS = (ValueError, TypeError, NotImplementedError)  # what the engine raises for a request at fault
 MAX_STOP = 4  # stop sequences per request, as OpenAI takes
 ROLES = {"system", "developer", "user", "assistant", "tool"}
+
+
+def fault_status(err: Exception) -> int:
+    """The HTTP status of a request the engine failed with `err`: 400 where the request is at fault, else 500."""
+    return 400 if isinstance(err, CLIENT_FAULTS) else 500
+
+
+def model_limits(model, tokenizer) -> tuple[int | None, set[int]]:
+    """(the model's positions or None, its EOS ids): what `parse` and `Answer` check requests and answers by."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return context, set(eos_token_ids(model, tokenizer))
 
 
 class ApiError(Exception):
