@@ -1,8 +1,10 @@
 """generate's logits processors and stopping criteria over all live streams, each stream with its own history.
 
 A stream's history is what `generate` hands its processors for that prompt alone: the full prompt, then the
-answer so far.  All streams are at the same step, so streams of one prompt length have histories of one
-length.  Each processor (then each criterion) of generate's list runs in list order, in the way its exact
+answer so far.  Streams decoding one token a step are all at the same step, so streams of one prompt length
+have histories of one length; speculative decoding (`set_lengths`) moves each stream at its own pace, and
+then the ways below that depend on a history's length or tail run per length or on right-aligned histories.
+Each processor (then each criterion) of generate's list runs in list order, in the way its exact
 class allows; subclasses and unknown classes take the last way, exact by construction:
 
     shape  reads at most the history's length (the sampling warpers, SuppressTokens, and length processors
@@ -106,7 +108,9 @@ class Processing:
 
     groups:       one `Prepared` per group of streams (one prompt length, or one prompt).
     stream_group: [S] each stream's group; prompts: [S] each stream's prompt tokens; room: most new tokens.
-    Rows follow the runner's live streams; `keep` drops rows when the live streams change.
+    Rows follow the runner's live streams; `keep` drops rows when the live streams change.  Every row's
+    history grows by one token per `append`; `set_lengths` sets each row's answer length (speculative
+    decoding: a row keeps the tokens it accepted), after which rows may differ in length.
     """
 
     def __init__(self, groups: list[Prepared], stream_group: list[int], prompts: list, room: int, device):
@@ -118,9 +122,12 @@ class Processing:
         self.row_group = list(stream_group)  # host: the group of each live row
         self.rows = _rows(self.row_group, len(groups), device) if "group" in ways else None
         self.whole = whole_group(self.rows)
-        self.lmax, self.length = max(self.lens), 0  # prompt columns of the history; answer tokens so far
+        self.lmax = max(self.lens)  # prompt columns of the history
+        self.length = 0  # the longest row's answer tokens so far
+        self.lengths: np.ndarray | None = None  # each row's, where rows differ (None: every row has `length`)
         self.history = _history(prompts, self.lmax, room, ways, device)
         self.zero = torch.zeros(1, 1, dtype=torch.long, device=device)
+        self._aligned = None  # the big history right-aligned at `length`, while rows differ (built when read)
 
     @classmethod
     def for_layout(cls, model: PreTrainedModel, opts: GenerationOptions, layout: Layout, device) -> Processing:
@@ -144,15 +151,37 @@ class Processing:
         for stage in self.process:
             if stage.way == "group":
                 logits = self._per_group(stage.index, logits)
+            elif self._per_length(stage):
+                logits = self._by_length(self.groups[0].processors[stage.index[0]], stage, logits)
             else:
                 logits = self.groups[0].processors[stage.index[0]](self._ids(stage, len(logits)), logits)
         return logits
 
     def append(self, tokens: torch.Tensor) -> None:
         """Write the live rows' new tokens [N] into their histories."""
-        for history in self.history.values():
-            history[:, self.lmax + self.length] = tokens
+        if self.lengths is None:
+            for history in self.history.values():
+                history[:, self.lmax + self.length] = tokens
+        else:
+            for history in self.history.values():  # a row past its room writes its last column: it stops there
+                columns = torch.as_tensor(np.minimum(self.lmax + self.lengths, history.shape[1] - 1))
+                history.scatter_(1, columns.to(tokens.device)[:, None], tokens[:, None])
+            self.lengths = self.lengths + 1
+            self._aligned = None
         self.length += 1
+
+    def set_lengths(self, lengths) -> None:
+        """Set each live row's answer length [N] (host ints): a row keeps the tokens it has up to there, and what
+        was appended past it is gone (speculative decoding's rejected tokens)."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        self.length = int(lengths.max(initial=0))
+        self.lengths = None if (lengths == self.length).all() else lengths
+        self._aligned = None
+        if "self" in self.history:  # columns past a row's answer hold its first token again, which adds nothing
+            history = self.history["self"]
+            columns = torch.arange(history.shape[1], device=history.device)[None]
+            ends = torch.as_tensor(self.lmax + lengths, device=history.device)[:, None]
+            self.history["self"] = torch.where(columns < ends, history, history[:, :1])
 
     def stopped(self, tokens: torch.Tensor) -> torch.Tensor:
         """[N] bool: which live rows any criterion stops after their new `tokens` [N] (appended)."""
@@ -160,6 +189,8 @@ class Processing:
         for stage in self.stop:
             if stage.way == "group":
                 hit = self._per_group_stop(stage.index, tokens)
+            elif self._per_length(stage, stop=True):
+                hit = self._by_length(self.groups[0].criteria[stage.index[0]], stage, None, tokens)
             else:
                 hit = self.groups[0].criteria[stage.index[0]](self._ids(stage, len(tokens), tokens), None)
             done = hit if done is None else done | hit
@@ -169,6 +200,8 @@ class Processing:
         """Keep only the rows where `running` [N] bool is set (the runner drops the others)."""
         for way, history in self.history.items():
             self.history[way] = history[running]
+        if self.lengths is not None:
+            self.set_lengths(self.lengths[running.cpu().numpy()])
         if self.rows is not None:  # one host read, only when the live streams change
             self.row_group = [g for g, kept in zip(self.row_group, running.tolist()) if kept]
             self.rows = _rows(self.row_group, len(self.groups), running.device)
@@ -188,14 +221,59 @@ class Processing:
             return self.zero.expand(n, stage.width + self.length)
         if stage.way == "last":
             return tokens[:, None]
-        return self.history[stage.way][:, : self.lmax + self.length]
+        if stage.way == "big":
+            return self._big()
+        return self.history[stage.way][:, : self.lmax + self.length]  # "self": columns past a row's end add nothing
 
-    def group_ids(self, g: int, rows: torch.Tensor | None) -> torch.Tensor:
-        """Group g's exact histories [n_g, P_g + t] (rows None: every live row's, contiguous as generate's)."""
-        columns = slice(self.lmax - self.lens[g], self.lmax + self.length)
-        return self.history["big"][:, columns].contiguous() if rows is None else self.history["big"][rows, columns]
+    def _big(self) -> torch.Tensor:
+        """The big histories [N, Pmax + length], each right-aligned at its row's end (left-padded with BIG)."""
+        history = self.history["big"]
+        if self.lengths is None:
+            return history[:, : self.lmax + self.length]
+        if self._aligned is None:
+            width = self.lmax + self.length
+            shift = torch.as_tensor(self.length - self.lengths, device=history.device)[:, None]
+            columns = torch.arange(width, device=history.device)[None] - shift
+            aligned = history.gather(1, columns.clamp(0, history.shape[1] - 1))  # past the end: rows being dropped
+            self._aligned = aligned.masked_fill(columns < 0, BIG)
+        return self._aligned
+
+    def _per_length(self, stage: Stage, stop: bool = False) -> bool:
+        """Whether a shape stage runs once per row length: rows differ in length and its class reads the length."""
+        first = (self.groups[0].criteria if stop else self.groups[0].processors)[stage.index[0]]
+        return self.lengths is not None and stage.way == "shape" and type(first) in LENGTH_LIMIT
+
+    def _by_length(self, call, stage: Stage, scores: torch.Tensor | None, tokens: torch.Tensor | None = None):
+        """A shape stage's processor (scores given: new scores) or criterion (tokens given: stop flags) `call`, once
+        per row length, each on the rows of that length."""
+        if scores is not None:
+            out = scores.clone()
+        else:
+            out = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
+        for length in np.unique(self.lengths):
+            rows = torch.as_tensor(np.flatnonzero(self.lengths == length), device=out.device)
+            ids = self.zero.expand(len(rows), stage.width + int(length))
+            out[rows] = call(ids, scores[rows]) if scores is not None else call(ids, None).to(out.device)
+        return out
+
+    def _subsets(self, rows: torch.Tensor):
+        """A group's live `rows`, where rows differ in length, as (rows, answer length) sets of one length each."""
+        members = rows.cpu().numpy()
+        for length in np.unique(self.lengths[members]):
+            yield torch.as_tensor(members[self.lengths[members] == length], device=self.zero.device), int(length)
+
+    def group_ids(self, g: int, rows: torch.Tensor | None, length: int | None = None) -> torch.Tensor:
+        """Group g's exact histories [n_g, P_g + t] (rows None: every live row's, contiguous as generate's), rows
+        of answer length t (`length`, by default every row's)."""
+        length = self.length if length is None else length
+        end = self.lmax + self.length
+        columns = slice(end - length - self.lens[g], end)
+        big = self._big()
+        return big[:, columns].contiguous() if rows is None else big[rows, columns]
 
     def _per_group(self, index: list[int], scores: torch.Tensor) -> torch.Tensor:
+        if self.lengths is not None:
+            return self._per_group_by_length(index, scores)
         if self.whole is not None:  # one group holds every row: its processors on the scores, as generate runs them
             ids = self.group_ids(self.whole, None)
             for k in index:
@@ -210,7 +288,29 @@ class Processing:
                 out[rows] = group_scores
         return out
 
+    def _per_group_by_length(self, index: list[int], scores: torch.Tensor) -> torch.Tensor:
+        out = scores.clone()
+        for g, group_rows in enumerate(self.rows):
+            if group_rows is None:
+                continue
+            for rows, length in self._subsets(group_rows):
+                ids, group_scores = self.group_ids(g, rows, length), scores[rows]
+                for k in index:
+                    group_scores = self.groups[g].processors[k](ids, group_scores)
+                out[rows] = group_scores
+        return out
+
     def _per_group_stop(self, index: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        if self.lengths is not None:
+            done = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
+            for g, group_rows in enumerate(self.rows):
+                if group_rows is None:
+                    continue
+                for rows, length in self._subsets(group_rows):
+                    ids = self.group_ids(g, rows, length)
+                    for k in index:
+                        done[rows] |= self.groups[g].criteria[k](ids, None).to(done.device)
+            return done
         if self.whole is not None:
             ids, criteria = self.group_ids(self.whole, None), self.groups[self.whole].criteria
             hits = [criteria[k](ids, None).to(tokens.device) for k in index]

@@ -3,7 +3,9 @@
 `GenerationOptions.resolve` merges a call's options as generate merges them and refuses, by name, what
 parallel generation does not do: a TypeError for an unknown option or a value of the wrong type, a ValueError
 for an out-of-range one, NotImplementedError for what it does not support (a decoding method other than greedy
-decoding or sampling, an assistant model, a streamer, extra outputs).
+decoding or sampling, an assistant model, a streamer, extra outputs).  Prompt-lookup decoding
+(`prompt_lookup_num_tokens`) is taken out of generate's options into `speculation`: it changes how many
+tokens a forward decides, never which.
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from ..attention import BACKENDS, AttentionBackend
+from .drafting import NAMES as SPECULATION_NAMES
+from .drafting import Speculation
 from .generate_request import GenerateRequest
 
 DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
-OWN = ("seed", "attn", "prefill_chunk", "cuda_graphs", "compile", "tokenizer", "max_memory", "refill", "progress")
+OWN = (
+    "seed",
+    "attn",
+    "prefill_chunk",
+    "cuda_graphs",
+    "compile",
+    "tokenizer",
+    "max_memory",
+    "refill",
+    "progress",
+    "adaptive_drafts",
+)
 GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
 CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
 # options that choose a decoding method other than greedy decoding or sampling: name -> the value that does not
@@ -32,7 +47,6 @@ OTHER_METHODS = {
     "force_words_ids": None,
     "guidance_scale": 1,
     "dola_layers": None,
-    "prompt_lookup_num_tokens": None,
     "assistant_early_exit": None,
     "use_mtp": False,
     "token_healing": False,
@@ -82,6 +96,10 @@ class GenerationOptions:
     refill:            admit waiting prompts into the room finished streams free while the others decode
                        (continuous refill); False = only into an empty row (static waves).
     progress:          a progress bar over finished prompts; None = on when stderr is a terminal.
+    speculation:       prompt-lookup decoding, from generate's `prompt_lookup_num_tokens` and
+                       `max_matching_ngram_size` (None: one token per stream per forward); set by `resolve`.
+    adaptive_drafts:   with prompt lookup, each stream's draft length follows its acceptance
+                       (`Speculation.adaptive`); False: always prompt_lookup_num_tokens.
     """
 
     request: GenerateRequest = field(default_factory=GenerateRequest)
@@ -96,6 +114,8 @@ class GenerationOptions:
     max_memory: int | str | None = None
     refill: bool = True
     progress: bool | None = None
+    speculation: Speculation | None = None
+    adaptive_drafts: bool = True
 
     def __post_init__(self):
         if self.compile is None:  # unset, as generate's None: the default
@@ -118,6 +138,7 @@ class GenerationOptions:
         """`user`'s options over `model`'s generation config, merged and validated by generate itself; refuses as the
         module docstring says (stop_strings without a tokenizer: ValueError)."""
         opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
+        speculation = _take_speculation(opts.request, opts.adaptive_drafts)
         _default_length(model, opts.request)
         opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
         config = opts.request.config(model)
@@ -127,7 +148,7 @@ class GenerationOptions:
                 f"{mode.value} is not supported by parallel generation (only greedy "
                 f"decoding and sampling); the merged config sets {_methods(config)}"
             )
-        return replace(opts, generation_config=config, max_new_tokens=config.max_new_tokens)
+        return replace(opts, generation_config=config, max_new_tokens=config.max_new_tokens, speculation=speculation)
 
     @property
     def do_sample(self) -> bool:
@@ -163,6 +184,25 @@ def _request(user: dict) -> GenerateRequest:
         if name in args:
             args[name] = list(args[name])
     return GenerateRequest(kwargs=kwargs, **args)
+
+
+def _take_speculation(request: GenerateRequest, adaptive: bool) -> Speculation | None:
+    """Prompt lookup's options out of the request (kwargs > generation_config=), which then decodes as greedy
+    decoding or sampling would; None where prompt_lookup_num_tokens is not set."""
+    values = {}
+    config = request.generation_config
+    for name in SPECULATION_NAMES:
+        if name in request.kwargs:
+            values[name] = request.kwargs.pop(name)
+        elif config is not None and getattr(config, name, None) is not None:
+            values[name] = getattr(config, name)
+    if config is not None and any(getattr(config, name, None) is not None for name in SPECULATION_NAMES):
+        request.generation_config = config = copy.deepcopy(config)
+        for name in SPECULATION_NAMES:
+            setattr(config, name, None)
+    if values.get("prompt_lookup_num_tokens") is None:
+        return None
+    return Speculation(values["prompt_lookup_num_tokens"], values.get("max_matching_ngram_size") or 2, adaptive)
 
 
 def _refuse_other_methods(request: GenerateRequest) -> None:
@@ -258,9 +298,11 @@ _INTS = (
     "num_return_sequences",
     "seed",
     "prefill_chunk",
+    "prompt_lookup_num_tokens",
+    "max_matching_ngram_size",
 )
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
-_BOOLS = ("do_sample", "cuda_graphs", "refill", "progress")
+_BOOLS = ("do_sample", "cuda_graphs", "refill", "progress", "adaptive_drafts")
 
 
 def _check_types(opts: GenerationOptions) -> None:

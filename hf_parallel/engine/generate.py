@@ -2,7 +2,8 @@
 
 A workload that fits the memory budget runs as one packed row (`Runner`).  One that does
 not is admitted as room frees up (`RefillLoop`: continuous refill, or static waves), a
-document's prompts together; models with recurrent layers run it in waves of rows.
+document's prompts together; models with recurrent layers, and streams that draft
+(prompt lookup), run it in waves of rows.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ class Call:
         if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
             import_compiler()
         support = check_support(model) if prompts else None
+        if opts.speculation is not None and support is not None and support.recurrent:
+            raise NotImplementedError(
+                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
+                "rejected draft token would leave advanced; decode without prompt lookup"
+            )
         backend = resolve_backend(opts.attn, model.device)
         return cls(model, streams, room, opts, support, backend, session, layout)
 
@@ -134,7 +140,7 @@ class Call:
         with bar:
             if layout.num_slots <= budget.capacity and len(self.streams) <= budget.streams:
                 runs = self._one_row(layout)
-            elif self.support.recurrent:
+            elif self.support.recurrent or self.opts.speculation is not None:
                 runs = self._waves(layout, budget)
             else:
                 runs = self._refill(layout, budget)

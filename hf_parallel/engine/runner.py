@@ -33,6 +33,7 @@ from ..row.plan import AttentionPlan, Row, SlotIds, query_group
 from .cuda_graphs import bucket
 from .patching import Support, use_model
 from .rows import RowKeeper, StaticRow
+from .speculative import SpeculativeDecode
 
 
 class Runner:
@@ -222,8 +223,10 @@ class Runner:
         anyway, so there a stopped stream keeps decoding into its own answer region (which
         only it sees; its tokens are not recorded) until the live streams fit the next
         smaller bucket: the plan is then rebuilt on the host once per bucket, not once per
-        stopping stream.
+        stopping stream.  Streams that draft (`opts.speculation`) decode through `SpeculativeDecode`.
         """
+        if self.opts.speculation is not None:
+            return SpeculativeDecode(self, self.opts.speculation).run(logits)
         n, room = self.layout.num_prompts, self.layout.max_new_tokens
         processing = Processing.for_layout(self.model, self.opts, self.layout, self.device)
         sampler = Sampler(self.opts, self.device)

@@ -1,0 +1,79 @@
+"""Drafts for speculative decoding: each stream's next tokens guessed from its own history (prompt lookup).
+
+A stream's history is its prompt, then its answer so far.  Its draft follows the earliest earlier occurrence
+of the history's last n tokens (n from `max_matching_ngram_size` down to 1): the tokens that came after it
+there, at most k of them, cut before the first EOS.  That is what transformers' `PromptLookupCandidateGenerator`
+proposes for a prompt asked alone; each stream reads only its own history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+NAMES = ("prompt_lookup_num_tokens", "max_matching_ngram_size")  # generate's names for prompt-lookup decoding
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """How streams draft.
+
+    num_tokens: most draft tokens a stream offers a forward (`prompt_lookup_num_tokens`).
+    max_ngram:  longest tail matched in the history (`max_matching_ngram_size`; generate's default 2).
+    adaptive:   each stream's draft limit follows its acceptance: +2 (up to num_tokens) after a forward that
+                accepted its whole draft, -1 (down to 1) after one that did not.  False: always num_tokens.
+    """
+
+    num_tokens: int
+    max_ngram: int = 2
+    adaptive: bool = True
+
+    def __post_init__(self):
+        if self.num_tokens < 1:
+            raise ValueError(f"prompt_lookup_num_tokens must be >= 1, got {self.num_tokens}")
+        if self.max_ngram < 1:
+            raise ValueError(f"max_matching_ngram_size must be >= 1, got {self.max_ngram}")
+
+
+class PromptLookup:
+    """Every stream's history and its n-grams' first occurrences; `draft` looks one up.
+
+    The first start of each n-gram (n <= max_ngram) is kept as the history grows, so a draft is one dictionary
+    lookup per n, not a scan of the history.
+    """
+
+    def __init__(self, speculation: Speculation, prompts: list[np.ndarray], eos_ids=()):
+        self.max_ngram = speculation.max_ngram
+        self.eos = frozenset(int(e) for e in eos_ids)
+        self.history: list[list[int]] = []
+        self.first: list[dict[tuple, int]] = []
+        for prompt in prompts:
+            self.history.append([])
+            self.first.append({})
+            self.extend(len(self.history) - 1, [int(t) for t in prompt])
+
+    def extend(self, stream: int, tokens: list[int]) -> None:
+        """Append `tokens` to a stream's history."""
+        history, first = self.history[stream], self.first[stream]
+        for token in tokens:
+            history.append(token)
+            end = len(history)
+            for n in range(1, min(self.max_ngram, end) + 1):
+                first.setdefault(tuple(history[end - n :]), end - n)
+
+    def draft(self, stream: int, k: int) -> list[int]:
+        """Up to `k` tokens guessed to follow the stream's history (none where no tail recurs)."""
+        history, first = self.history[stream], self.first[stream]
+        end = len(history)
+        if k < 1:
+            return []
+        for n in range(min(self.max_ngram, end - 1), 0, -1):
+            start = first.get(tuple(history[end - n :]))
+            if start is not None and start < end - n:  # an earlier occurrence than the tail itself
+                draft = history[start + n : min(start + n + k, end)]
+                for i, token in enumerate(draft):
+                    if token in self.eos:
+                        return draft[:i]
+                return draft
+        return []

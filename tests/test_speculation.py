@@ -1,0 +1,265 @@
+"""Prompt-lookup decoding in the packed row, against `model.generate` on each prompt alone without drafts.
+
+Tiny random models rarely write what their prompt holds, so most tests also draft from an oracle: the answer
+`model.generate` writes alone, with every few tokens changed, so that drafts are accepted whole, in part or not
+at all, and streams move apart.  The drafts change how many tokens a forward decides, never which.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from hf_parallel import generate_tokens
+from hf_parallel.decoding import sampling
+from hf_parallel.decoding.drafting import PromptLookup, Speculation
+from hf_parallel.engine import speculative
+
+from .conftest import ARCHITECTURES, VOCAB, generate_alone, random_tokens, tiny_model
+from .test_generation_options import EOS, BanRecent, StopAfterRepeat, alone, char_tokenizer, model_with
+from .test_scheduling import max_memory_for
+
+NEW = 16
+ATTENTION = sorted(a for a in ARCHITECTURES if a != "qwen3_5_text")  # the hybrid is refused (its own test)
+
+
+def prompts_with_repeats(seed: int = 0, questions: int = 5) -> list[list[int]]:
+    """A document that repeats a span, and questions of different lengths, some quoting the document."""
+    gen = torch.Generator().manual_seed(seed)
+    doc = random_tokens(24, gen)
+    doc = doc + random_tokens(4, gen) + doc[3:15]
+    return [doc + random_tokens(2 + i, gen) + (doc[5:8] if i % 2 else []) for i in range(questions)]
+
+
+class Oracle:
+    """Drafts from what each prompt's answer is (`answers`, by prompt), every `every`-th draft token changed."""
+
+    def __init__(self, prompts, answers, every: int = 4):
+        self.known = {tuple(p): a for p, a in zip(prompts, answers)}
+        self.every = every
+
+    def install(self, monkeypatch):
+        oracle = self
+
+        def draft(lookup, stream, k):
+            history = lookup.history[stream]
+            for prompt, answer in oracle.known.items():
+                if tuple(history[: len(prompt)]) == prompt:
+                    done = len(history) - len(prompt)
+                    out = list(answer[done : done + k])
+                    break
+            for i in range(len(out)):
+                if (done + i) % oracle.every == oracle.every - 1:
+                    out[i] = (out[i] + 1) % VOCAB
+            return out
+
+        monkeypatch.setattr(PromptLookup, "draft", draft)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """(tokens decided, stream forwards) of every speculative run."""
+    runs, run = [], speculative.SpeculativeDecode.run
+
+    def counting(self, logits):
+        out = run(self, logits)
+        runs.append((sum(map(len, out)), self.stream_forwards))
+        return out
+
+    monkeypatch.setattr(speculative.SpeculativeDecode, "run", counting)
+    return runs
+
+
+# -- the drafts are transformers' --
+
+
+@pytest.mark.parametrize("k, ngram", [(3, 1), (5, 2), (10, 3)])
+def test_drafts_are_transformers_prompt_lookup(k, ngram):
+    gen = torch.Generator().manual_seed(k)
+    eos = 7
+    for trial in range(30):
+        history = torch.randint(3, 12, (int(torch.randint(2, 40, (1,), generator=gen)),), generator=gen).tolist()
+        reference = PromptLookupCandidateGenerator(
+            eos_token_id=torch.tensor([eos]), num_output_tokens=k, max_matching_ngram_size=ngram, max_length=10**6
+        )
+        ids = torch.tensor([history])
+        candidates, _ = reference.get_candidates(ids)
+        want = candidates[0, len(history) :].tolist()
+        lookup = PromptLookup(Speculation(k, ngram), [history[:3]], eos_ids=[eos])
+        lookup.extend(0, history[3:])  # grown as a stream grows
+        assert lookup.draft(0, k) == want, (trial, history)
+
+
+# -- exact: the tokens of generate alone --
+
+
+@pytest.mark.parametrize("arch", ATTENTION)
+def test_prompt_lookup_matches_generate_on_every_architecture(arch, monkeypatch, counted):
+    model = tiny_model(arch)
+    prompts = prompts_with_repeats()
+    want = [generate_alone(model, p, NEW) for p in prompts]
+    assert generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=4) == want
+    Oracle(prompts, want).install(monkeypatch)
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=6)
+    assert got == want
+    tokens, stream_forwards = counted[-1]
+    assert tokens >= 2 * stream_forwards  # the oracle's drafts were accepted: fewer forwards than tokens
+
+
+@pytest.mark.parametrize("attn", ["reference", "triton"])
+def test_streams_stop_inside_drafts_at_eos(attn, monkeypatch, counted):
+    pytest.importorskip("triton") if attn == "triton" else None
+    model, prompts = tiny_model("llama"), prompts_with_repeats(1, questions=6)
+    free = [generate_alone(model, p, NEW) for p in prompts]
+    eos = [free[0][5], free[3][2]]  # two streams stop early, the others run to the limit
+    want = [generate_alone(model, p, NEW, eos=eos) for p in prompts]
+    assert len(set(map(len, want))) > 1
+    Oracle(prompts, free, every=5).install(monkeypatch)  # drafts run on past EOS
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prompt_lookup_num_tokens=6, attn=attn)
+    assert got == want
+
+
+def test_waves_when_the_row_is_too_small(monkeypatch):
+    model = tiny_model("qwen2")
+    prompts = prompts_with_repeats(2, questions=6) + prompts_with_repeats(3, questions=6)
+    want = [generate_alone(model, p, NEW) for p in prompts]
+    Oracle(prompts, want).install(monkeypatch)
+    memory = max_memory_for(model, max(len(p) for p in prompts) * 3 + 3 * NEW)
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=5,
+                          max_memory=memory, prefill_chunk=16)  # fmt: skip
+    assert got == want
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_draft_limits(adaptive, monkeypatch):
+    """Every draft is within its stream's room and limit; the adaptive limit shrinks after a rejection."""
+    model, prompts = tiny_model("llama"), prompts_with_repeats(4)
+    want = [generate_alone(model, p, NEW) for p in prompts]
+    Oracle(prompts, want, every=3).install(monkeypatch)
+    asked, draft = [], PromptLookup.draft  # (limit asked, the stream's room left)
+
+    def asking(lookup, stream, k):
+        done = len(lookup.history[stream]) - len(prompts[stream])
+        asked.append((k, NEW - 1 - done))
+        return draft(lookup, stream, k)
+
+    monkeypatch.setattr(PromptLookup, "draft", asking)
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=6,
+                          adaptive_drafts=adaptive)  # fmt: skip
+    assert got == want
+    assert all(0 <= k <= min(6, left) for k, left in asked)
+    assert any(k < min(6, left) for k, left in asked) == adaptive
+
+
+# -- generate's processors and criteria at every accepted position --
+
+CASES = {
+    "repetition_penalty": dict(repetition_penalty=1.6),
+    "no_repeat_ngram_size": dict(no_repeat_ngram_size=2),
+    "min_new_tokens": dict(min_new_tokens=6),
+    "max_length": dict(max_length=58, max_new_tokens=None),
+    "sequence_bias": dict(sequence_bias=[[[5, 6], -4.0], [[9], 3.0]]),
+    "bad_words_ids": dict(bad_words_ids=[[11], [7, 8]]),
+    "stop_strings": dict(stop_strings=["hA", "d"]),
+    "user_processor_and_criterion": dict(logits_processor=[BanRecent()], stopping_criteria=[StopAfterRepeat()]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_processors_apply_at_every_accepted_position(case, monkeypatch):
+    model, prompts = model_with(), prompts_with_repeats(5)
+    options = {**dict(do_sample=False, max_new_tokens=NEW, eos_token_id=EOS), **CASES[case]}
+    if case == "stop_strings":
+        options["tokenizer"] = char_tokenizer()
+    want = [alone(model, p, **options) for p in prompts]
+    free = [alone(model, p, do_sample=False, max_new_tokens=NEW + 4, eos_token_id=None) for p in prompts]
+    Oracle(prompts, free, every=5).install(monkeypatch)  # drafts of the unprocessed answers
+    assert generate_tokens(model, prompts, prompt_lookup_num_tokens=5, **options) == want
+
+
+def test_generation_config_and_kwargs_carry_prompt_lookup(monkeypatch, counted):
+    from transformers import GenerationConfig
+
+    model, prompts = model_with(), prompts_with_repeats(6)
+    want = [generate_alone(model, p, NEW) for p in prompts]
+    Oracle(prompts, want).install(monkeypatch)
+    config = GenerationConfig(prompt_lookup_num_tokens=4, max_matching_ngram_size=1, do_sample=False)
+    got = generate_tokens(model, prompts, generation_config=config, max_new_tokens=NEW, eos_token_id=[])
+    assert got == want and counted  # decoded speculatively
+    assert config.prompt_lookup_num_tokens == 4  # the user's config untouched
+
+
+# -- sampling: every drawn token from generate's distribution for its own history --
+
+
+def test_sampled_distributions_with_drafts(monkeypatch):
+    """Each accepted token is drawn from the processed distribution generate gives its stream's history."""
+    from .test_generation_options import _generate_processors
+
+    model = model_with(dict(do_sample=True, temperature=0.7, top_k=20, repetition_penalty=1.3))
+    prompts = prompts_with_repeats(7)
+    options = dict(max_new_tokens=10, eos_token_id=[], seed=0)
+    free = generate_tokens(model, prompts, **options)  # drafts that sampling will often agree with
+    Oracle(prompts, free, every=6).install(monkeypatch)
+    seen, rows = [], list(range(len(prompts)))  # per draw: (stream, answer length, processed scores)
+    draw = sampling.Sampler.__call__
+    processing_keep = speculative.Processing.keep
+
+    def recording(self, scores):
+        proc = current[0]
+        lengths = proc.lengths if proc.lengths is not None else [proc.length] * len(scores)
+        seen.extend((rows[r], int(lengths[r]), scores[r]) for r in range(len(scores)))
+        return draw(self, scores)
+
+    def keep(self, running):
+        rows[:] = [s for s, k in zip(rows, running.tolist()) if k]
+        return processing_keep(self, running)
+
+    current = []
+    init = speculative.SpeculativeDecode.__init__
+
+    def remember(self, runner, spec):
+        init(self, runner, spec)
+        current.append(self.processing)
+
+    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__", remember)
+    monkeypatch.setattr(sampling.Sampler, "__call__", recording)
+    monkeypatch.setattr(speculative.Processing, "keep", keep)
+    got = generate_tokens(model, prompts, prompt_lookup_num_tokens=4, **options)
+    last = {}  # (stream, length) -> the scores of its last draw: the one its accepted token came from
+    for stream, length, scores in seen:
+        last[(stream, length)] = scores
+    spread = 0
+    for i, prompt in enumerate(prompts):
+        processors = _generate_processors(model, prompt, max_new_tokens=10)
+        for t in range(len(got[i])):
+            history = prompt + got[i][:t]
+            logits = model(torch.tensor([history])).logits[0, -1:].float()
+            want = processors(torch.tensor([history]), logits)[0]
+            have = last[(i, t)]
+            assert torch.equal(torch.isinf(have), torch.isinf(want))
+            torch.testing.assert_close(have.softmax(-1), want.softmax(-1), atol=1e-5, rtol=1e-4)
+            spread = max(spread, int(torch.isfinite(want).sum()))
+    assert spread > 1
+
+
+# -- refusals --
+
+
+def test_models_with_recurrent_layers_are_refused():
+    model = tiny_model("qwen3_5_text")
+    with pytest.raises(NotImplementedError, match="recurrent state"):
+        generate_tokens(model, prompts_with_repeats(), max_new_tokens=4, prompt_lookup_num_tokens=3)
+
+
+@pytest.mark.parametrize("options, error", [
+    (dict(prompt_lookup_num_tokens=0), ValueError),
+    (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=-1), ValueError),
+    (dict(prompt_lookup_num_tokens="3"), TypeError),
+    (dict(prompt_lookup_num_tokens=3, adaptive_drafts="yes"), TypeError),
+    (dict(assistant_model=object()), NotImplementedError),
+])  # fmt: skip
+def test_bad_speculation_options(llama, options, error):
+    with pytest.raises(error, match=list(options)[-1]):
+        generate_tokens(llama, prompts_with_repeats(), max_new_tokens=4, **options)
