@@ -236,6 +236,7 @@ OPTIONS = {"attn": "reference", "max_memory": "1GiB", "prefill_chunk": 16, "seed
     (["--top-p", "0.9"], {"top_p": 0.9, "do_sample": True}),
     (["--temperature", "0.7", "--top-p", "0.9"], {"temperature": 0.7, "top_p": 0.9, "do_sample": True}),
     (["--temperature", "0"], {"do_sample": False}),
+    (["--prompt-lookup-num-tokens", "4"], {"prompt_lookup_num_tokens": 4}),
 ])  # fmt: skip
 @pytest.mark.parametrize("mode", ["document", "corpus"])
 def test_generation_flags_reach_the_generate_call(monkeypatch, capsys, tmp_path, sampling, options, mode):

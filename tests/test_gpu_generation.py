@@ -257,3 +257,22 @@ def test_the_serving_engine_matches_generate(cuda_model, attn):
         engine.close(10)
     assert got[:5] + got[6:] == free[:5] + free[6:]
     assert got[5] == penalized
+
+
+@pytest.mark.parametrize("attn", ATTNS)
+@pytest.mark.parametrize("graphs", [True, False])
+def test_prompt_lookup_matches_generate(cuda_model, attn, graphs, monkeypatch):
+    """Verify forwards of many tokens per stream, replayed per bucket of fed tokens or eager, on both paths."""
+    from .test_speculation import Oracle
+
+    if cuda_model.config.model_type == "qwen3_5_text":
+        pytest.skip("recurrent layers are refused with prompt lookup (tests/test_speculation.py)")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = _prompts(7, 12)
+    free = [generate_alone(cuda_model, p, 16, None) for p in prompts]
+    eos = sorted({free[0][4], free[-1][9]})
+    want = [generate_alone(cuda_model, p, 16, eos) for p in prompts]
+    Oracle(prompts, free, every=4).install(monkeypatch)
+    got = generate_tokens(cuda_model, prompts, max_new_tokens=16, eos_token_id=eos, prompt_lookup_num_tokens=6,
+                          attn=attn, cuda_graphs=graphs)  # fmt: skip
+    assert got == want

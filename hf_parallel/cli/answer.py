@@ -68,6 +68,7 @@ class AnswerConfig:
     temperature: float | None = None  # 0: greedy decoding; above 0: sampling at this temperature
     top_p: float | None = None  # sampling from the smallest set of tokens whose probabilities reach top_p
     seed: int | None = None  # the sampling generator's seed; default: torch's global generator
+    prompt_lookup_num_tokens: int | None = None  # draft tokens a stream offers each forward (speculative decoding)
     template: str | None = None  # the user turn from "{document}" and "{question}"
     system_prompt: str | None = None
     tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
@@ -99,7 +100,7 @@ class AnswerConfig:
             raise ValueError(f"attn must be one of {', '.join(ATTENTION)}, got {self.attn!r}")
         if self.max_memory is not None and parse_memory(self.max_memory) < 1:
             raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
-        for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call"):
+        for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call", "prompt_lookup_num_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature is not None and self.temperature < 0:
@@ -123,6 +124,7 @@ class AnswerConfig:
             "seed": self.seed,
             "temperature": self.temperature or None,  # 0 means greedy, which do_sample=False says
             "top_p": self.top_p,
+            "prompt_lookup_num_tokens": self.prompt_lookup_num_tokens,
         }
         return {name: value for name, value in options.items() if value is not None} | sampling
 
@@ -174,6 +176,13 @@ def add_arguments(parser: UsageParser) -> None:
         help="sampling from the most likely tokens whose probabilities reach P, in (0, 1]",
     )
     add("--seed", type=int, metavar="N", help="the sampling's seed, for answers that repeat from run to run")
+    add(
+        "--prompt-lookup-num-tokens",
+        type=positive_int,
+        metavar="N",
+        help="speculative decoding: each answer drafts up to N tokens from its own prompt and answer, verified in "
+        "the same forward (the same answers, fewer forwards; default: off)",
+    )
     add("--template", metavar="TEXT", help='the user turn, from "{document}" and "{question}"')
     add("--system-prompt", metavar="TEXT", help="a system message (needs the tokenizer's chat template)")
     add(

@@ -12,8 +12,8 @@ A stream decides exactly the tokens it would decode one at a time (greedy), or d
 distribution it would draw from (sampling: the accepted prefix is where independent draws agree with the
 draft).  The K/V of rejected draft tokens stays in the stream's own region, past its answer, where no query
 looks before the next forward writes over it.  Streams with nothing to draft decode one token, in the same
-forward.  Every forward is eager (its token count changes with the drafts), and each costs one host sync:
-the host makes the next drafts from the tokens just accepted.
+forward.  Each forward costs one host sync: the host makes the next drafts from the tokens just accepted.
+On a GPU the forwards replay CUDA graphs captured per bucket of fed tokens, as decode steps do.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class SpeculativeDecode:
         slots, ids = slots.to(runner.device), ids.to(runner.device)
         self.forwards += 1
         self.stream_forwards += len(live)
+        if runner.captured_steps:  # replayed per bucket of fed tokens (padding repeats the last token at its slot)
+            return runner.step(slots, ids, changed=True)
         return runner.forward(runner.plan(slots), ids, torch.arange(len(ids), device=runner.device))
 
     def _verify(self, logits: torch.Tensor, drafts: list[list[int]]):
