@@ -86,9 +86,13 @@ def test_drafts_are_transformers_prompt_lookup(k, ngram):
         ids = torch.tensor([history])
         candidates, _ = reference.get_candidates(ids)
         want = candidates[0, len(history) :].tolist()
-        lookup = PromptLookup(Speculation(k, ngram), [history[:3]], eos_ids=[eos])
-        lookup.extend(0, history[3:])  # grown as a stream grows
+        cut = int(torch.randint(0, len(history), (1,), generator=gen))
+        lookup = PromptLookup(Speculation(k, ngram), [history[:cut]], eos_ids=[eos])
+        lookup.extend(0, history[cut:])  # grown as a stream grows
         assert lookup.draft(0, k) == want, (trial, history)
+        shared = PromptLookup(Speculation(k, ngram), [history[:cut]], eos_ids=[eos], shared=[(0, history[: cut // 2])])
+        shared.extend(0, history[cut:])  # the first half of the prompt indexed as a shared prefix
+        assert shared.draft(0, k) == want, (trial, history)
 
 
 # -- exact: the tokens of generate alone --

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 NAMES = ("prompt_lookup_num_tokens", "max_matching_ngram_size")  # generate's names for prompt-lookup decoding
 
 
@@ -40,36 +38,50 @@ class PromptLookup:
     """Every stream's history and its n-grams' first occurrences; `draft` looks one up.
 
     The first start of each n-gram (n <= max_ngram) is kept as the history grows, so a draft is one dictionary
-    lookup per n, not a scan of the history.
+    lookup per n, not a scan of the history.  A prefix that several streams share (a document) is indexed once:
+    `shared[s]` names stream s's prefix (a key, its tokens); what follows it is the stream's own.
     """
 
-    def __init__(self, speculation: Speculation, prompts: list[np.ndarray], eos_ids=()):
+    def __init__(self, speculation: Speculation, prompts: list, eos_ids=(), shared: list | None = None):
         self.max_ngram = speculation.max_ngram
         self.eos = frozenset(int(e) for e in eos_ids)
         self.history: list[list[int]] = []
-        self.first: list[dict[tuple, int]] = []
-        for prompt in prompts:
-            self.history.append([])
+        self.first: list[dict[tuple, int]] = []  # each stream's own n-grams (those starting in its prefix too)
+        self.base: list[dict[tuple, int]] = []  # the n-grams of the stream's shared prefix (shared, read only)
+        indexed: dict = {}
+        for s, prompt in enumerate(prompts):
+            prompt = [int(t) for t in prompt]
+            key, prefix = shared[s] if shared is not None else (None, ())
+            prefix = [int(t) for t in prefix]
+            if prompt[: len(prefix)] != prefix:
+                raise ValueError(f"stream {s}'s shared prefix does not start its prompt")
+            if key not in indexed:
+                indexed[key] = _first_starts(prefix, self.max_ngram)
+            self.base.append(indexed[key])
+            self.history.append(prefix)
             self.first.append({})
-            self.extend(len(self.history) - 1, [int(t) for t in prompt])
+            self.extend(s, prompt[len(prefix) :])
 
     def extend(self, stream: int, tokens: list[int]) -> None:
         """Append `tokens` to a stream's history."""
-        history, first = self.history[stream], self.first[stream]
+        history, first, base = self.history[stream], self.first[stream], self.base[stream]
         for token in tokens:
             history.append(token)
             end = len(history)
             for n in range(1, min(self.max_ngram, end) + 1):
-                first.setdefault(tuple(history[end - n :]), end - n)
+                gram = tuple(history[end - n :])
+                if gram not in base:
+                    first.setdefault(gram, end - n)
 
     def draft(self, stream: int, k: int) -> list[int]:
         """Up to `k` tokens guessed to follow the stream's history (none where no tail recurs)."""
-        history, first = self.history[stream], self.first[stream]
+        history, first, base = self.history[stream], self.first[stream], self.base[stream]
         end = len(history)
         if k < 1:
             return []
         for n in range(min(self.max_ngram, end - 1), 0, -1):
-            start = first.get(tuple(history[end - n :]))
+            gram = tuple(history[end - n :])
+            start = base.get(gram, first.get(gram))
             if start is not None and start < end - n:  # an earlier occurrence than the tail itself
                 draft = history[start + n : min(start + n + k, end)]
                 for i, token in enumerate(draft):
@@ -77,3 +89,12 @@ class PromptLookup:
                         return draft[:i]
                 return draft
         return []
+
+
+def _first_starts(tokens: list[int], max_ngram: int) -> dict[tuple, int]:
+    """The first start of every n-gram (n <= max_ngram) of `tokens`."""
+    first: dict[tuple, int] = {}
+    for n in range(1, max_ngram + 1):
+        for start in range(len(tokens) - n, -1, -1):  # the last write of a key is its first start
+            first[tuple(tokens[start : start + n])] = start
+    return first

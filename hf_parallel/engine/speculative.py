@@ -44,7 +44,9 @@ class SpeculativeDecode:
         self.eos_only = torch.tensor(eos_only, device=runner.device) if eos_only is not None else None
         eos = runner.opts.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        self.lookup = PromptLookup(speculation, layout_prompts(layout), eos)
+        roots = [layout.ancestors(end)[0] for end in layout.prompt_ends]  # each stream's document
+        shared = [(root, layout.segments[root].tokens) for root in roots]
+        self.lookup = PromptLookup(speculation, layout_prompts(layout), eos, shared)
         self.answer_slots = layout.answer_slots  # [S, room] host
         self.limit = np.full(self.n, speculation.num_tokens)  # each stream's current draft limit
         self.forwards = self.stream_forwards = 0
