@@ -207,6 +207,7 @@ def copy_task(args) -> dict:
     roof = bench.roofline(model.config, prompts, work, ceilings)
     tokens = sum(map(len, spec))
     result = dict(
+        dtype=str(model.dtype).removeprefix("torch."),
         shape=args.shape,
         documents=args.documents,
         doc_tokens=args.doc_tokens,
@@ -272,6 +273,7 @@ def main(argv=None):
     torch.manual_seed(0)
     if args.task == "copy":
         result = copy_task(args)
+        args.dtype = result.pop("dtype")
     else:
         dtype = getattr(torch, args.dtype)
         if args.pretrained:

@@ -262,8 +262,59 @@ def test_models_with_recurrent_layers_are_refused():
     (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=-1), ValueError),
     (dict(prompt_lookup_num_tokens="3"), TypeError),
     (dict(prompt_lookup_num_tokens=3, adaptive_drafts="yes"), TypeError),
-    (dict(assistant_model=object()), NotImplementedError),
+    (dict(assistant_model=object()), TypeError),
+    (dict(prompt_lookup_num_tokens=3, assistant_model=object()), ValueError),
 ])  # fmt: skip
 def test_bad_speculation_options(llama, options, error):
     with pytest.raises(error, match=list(options)[-1]):
         generate_tokens(llama, prompts_with_repeats(), max_new_tokens=4, **options)
+
+
+# -- an assistant model's drafts --
+
+
+@pytest.mark.parametrize("arch, assistant", [("llama", "same"), ("llama", "other"), ("qwen2", "other"),
+                                             ("gpt_oss", "same")])  # fmt: skip
+def test_assistant_drafts_match_generate(arch, assistant, counted):
+    model = tiny_model(arch)
+    helper = model if assistant == "same" else tiny_model("mistral")  # another architecture, the same vocabulary
+    prompts = prompts_with_repeats(8)
+    free = [generate_alone(model, p, NEW) for p in prompts]
+    eos = [free[1][6], free[3][3]]
+    want = [generate_alone(model, p, NEW, eos=eos) for p in prompts]
+    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, assistant_model=helper,
+                          num_assistant_tokens=5)  # fmt: skip
+    assert got == want
+    tokens, stream_forwards = counted[-1]
+    if assistant == "same":  # its own drafts are always right: a forward decides up to 6 tokens of a stream
+        assert tokens >= 4 * stream_forwards
+
+
+def test_assistant_with_processors_and_sampling(monkeypatch):
+    model, prompts = model_with(), prompts_with_repeats(9)
+    options = dict(do_sample=False, max_new_tokens=NEW, eos_token_id=EOS, repetition_penalty=1.5, min_new_tokens=4)
+    want = [alone(model, p, **options) for p in prompts]
+    assert generate_tokens(model, prompts, assistant_model=tiny_model("qwen2"), **options) == want
+
+
+def test_assistant_refusals(llama):
+    with pytest.raises(NotImplementedError, match="recurrent state"):
+        generate_tokens(llama, prompts_with_repeats(), max_new_tokens=4, assistant_model=tiny_model("qwen3_5_text"))
+    other = transformers_model_with_vocab(VOCAB * 40)
+    with pytest.raises(ValueError, match="same tokenizer"):
+        generate_tokens(llama, prompts_with_repeats(), max_new_tokens=4, assistant_model=other)
+
+
+def transformers_model_with_vocab(vocab: int):
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=256)  # fmt: skip
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_the_serving_engine_refuses_drafts(llama):
+    from hf_parallel.engine.serving import Engine
+
+    with pytest.raises(NotImplementedError, match="one token a stream a round"):
+        Engine(llama, prompt_lookup_num_tokens=3)

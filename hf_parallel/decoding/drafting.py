@@ -21,15 +21,18 @@ class Speculation:
     max_ngram:  longest tail matched in the history (`max_matching_ngram_size`; generate's default 2).
     adaptive:   each stream's draft limit follows its acceptance: +2 (up to num_tokens) after a forward that
                 accepted its whole draft, -1 (down to 1) after one that did not.  False: always num_tokens.
+    assistant:  the drafts are an assistant model's greedy tokens (`num_assistant_tokens`), not prompt lookup.
     """
 
     num_tokens: int
     max_ngram: int = 2
     adaptive: bool = True
+    assistant: bool = False
 
     def __post_init__(self):
         if self.num_tokens < 1:
-            raise ValueError(f"prompt_lookup_num_tokens must be >= 1, got {self.num_tokens}")
+            name = "num_assistant_tokens" if self.assistant else "prompt_lookup_num_tokens"
+            raise ValueError(f"{name} must be >= 1, got {self.num_tokens}")
         if self.max_ngram < 1:
             raise ValueError(f"max_matching_ngram_size must be >= 1, got {self.max_ngram}")
 

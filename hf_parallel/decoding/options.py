@@ -36,6 +36,7 @@ OWN = (
     "refill",
     "progress",
     "adaptive_drafts",
+    "assistant_model",
 )
 GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
 CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
@@ -53,7 +54,6 @@ OTHER_METHODS = {
     "penalty_alpha": 0,
 }
 REFUSED_ARGUMENTS = (
-    "assistant_model",
     "assistant_tokenizer",
     "negative_prompt_ids",
     "negative_prompt_attention_mask",
@@ -98,8 +98,12 @@ class GenerationOptions:
     progress:          a progress bar over finished prompts; None = on when stderr is a terminal.
     speculation:       prompt-lookup decoding, from generate's `prompt_lookup_num_tokens` and
                        `max_matching_ngram_size` (None: one token per stream per forward); set by `resolve`.
-    adaptive_drafts:   with prompt lookup, each stream's draft length follows its acceptance
-                       (`Speculation.adaptive`); False: always prompt_lookup_num_tokens.
+    adaptive_drafts:   each stream's draft length follows its acceptance (`Speculation.adaptive`); False:
+                       always the most drafts allow.
+    assistant_model:   a smaller causal LM of the same tokenizer whose greedy tokens are every stream's
+                       drafts (generate's `assistant_model`), up to `num_assistant_tokens` (generate's
+                       default 20) a forward; it decodes a packed row of its own, the shared prefixes
+                       computed once.
     """
 
     request: GenerateRequest = field(default_factory=GenerateRequest)
@@ -116,6 +120,7 @@ class GenerationOptions:
     progress: bool | None = None
     speculation: Speculation | None = None
     adaptive_drafts: bool = True
+    assistant_model: object = None
 
     def __post_init__(self):
         if self.compile is None:  # unset, as generate's None: the default
@@ -139,6 +144,8 @@ class GenerationOptions:
         module docstring says (stop_strings without a tokenizer: ValueError)."""
         opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
         speculation = _take_speculation(opts.request, opts.adaptive_drafts)
+        if opts.assistant_model is not None:
+            speculation = _assisted(opts.request, speculation, opts.adaptive_drafts)
         _default_length(model, opts.request)
         opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
         config = opts.request.config(model)
@@ -203,6 +210,17 @@ def _take_speculation(request: GenerateRequest, adaptive: bool) -> Speculation |
     if values.get("prompt_lookup_num_tokens") is None:
         return None
     return Speculation(values["prompt_lookup_num_tokens"], values.get("max_matching_ngram_size") or 2, adaptive)
+
+
+def _assisted(request: GenerateRequest, lookup: Speculation | None, adaptive: bool) -> Speculation:
+    """An assistant model's drafts: `num_assistant_tokens` (kwargs > generation_config=, else generate's 20) a
+    forward; prompt lookup and an assistant at once are refused, as generate refuses them."""
+    if lookup is not None:
+        raise ValueError("prompt_lookup_num_tokens and assistant_model choose two ways to draft: give one")
+    tokens = request.kwargs.pop("num_assistant_tokens", None)
+    if tokens is None and request.generation_config is not None:
+        tokens = request.generation_config.num_assistant_tokens
+    return Speculation(tokens if tokens is not None else 20, adaptive=adaptive, assistant=True)
 
 
 def _refuse_other_methods(request: GenerateRequest) -> None:
@@ -300,6 +318,7 @@ _INTS = (
     "prefill_chunk",
     "prompt_lookup_num_tokens",
     "max_matching_ngram_size",
+    "num_assistant_tokens",
 )
 _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty")
 _BOOLS = ("do_sample", "cuda_graphs", "refill", "progress", "adaptive_drafts")

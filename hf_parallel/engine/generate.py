@@ -82,6 +82,7 @@ class Call:
     backend: AttentionBackend
     session: RowKeeper | None
     layout: Layout | None  # the streams' prefix tree (None: no streams)
+    assistant: Support | None = None  # the assistant model's, where it drafts
 
     @classmethod
     @torch.inference_mode()
@@ -117,11 +118,12 @@ class Call:
         support = check_support(model) if prompts else None
         if opts.speculation is not None and support is not None and support.recurrent:
             raise NotImplementedError(
-                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
-                "rejected draft token would leave advanced; decode without prompt lookup"
+                f"speculative decoding: {type(model).__name__} has layers with a recurrent state, which a "
+                "rejected draft token would leave advanced; decode without prompt_lookup_num_tokens or assistant_model"
             )
+        assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
-        return cls(model, streams, room, opts, support, backend, session, layout)
+        return cls(model, streams, room, opts, support, backend, session, layout, assistant)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
         """(stream index, new tokens) of every stream as it finishes: one row where the memory budget holds the
@@ -149,7 +151,7 @@ class Call:
                 yield index, tokens
 
     def _one_row(self, layout: Layout) -> Iterator[tuple[int, list[int]]]:
-        runner = Runner(self.model, layout, self.opts, self.backend, self.support, self.session)
+        runner = Runner(self.model, layout, self.opts, self.backend, self.support, self.session, self.assistant)
         yield from enumerate(runner.run())
 
     def _waves(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
@@ -157,7 +159,9 @@ class Call:
         order = [index for group in document_groups(layout) for index in group]
         for wave in _waves(self.streams, order, self.room, budget):
             wave_layout = build_layout([self.streams[i] for i in wave], self.room)
-            runner = Runner(self.model, wave_layout, self.opts, self.backend, self.support, self.session)
+            runner = Runner(
+                self.model, wave_layout, self.opts, self.backend, self.support, self.session, self.assistant
+            )
             yield from zip(wave, runner.run())
 
     def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
@@ -173,6 +177,27 @@ class Call:
                 if finished is None:
                     return
                 yield finished
+
+
+def check_assistant(model: PreTrainedModel, assistant) -> Support:
+    """The assistant's `Support`; TypeError for an assistant that is not a causal LM, ValueError for one of another
+    vocabulary or device, NotImplementedError for one with recurrent layers or that hf_parallel cannot serve."""
+    if not isinstance(assistant, PreTrainedModel):
+        raise TypeError(f"assistant_model must be a transformers causal LM, got {type(assistant).__name__}")
+    main, its = model.config.get_text_config().vocab_size, assistant.config.get_text_config().vocab_size
+    if abs(main - its) > 1024:  # one tokenizer's vocabulary padded to two sizes is still one tokenizer
+        raise ValueError(
+            f"assistant_model has a vocabulary of {its} tokens and the model {main}: drafts need the same tokenizer"
+        )
+    if assistant.device != model.device:
+        raise ValueError(f"assistant_model is on {assistant.device} and the model on {model.device}: put both on one")
+    support = check_support(assistant)
+    if support.recurrent:
+        raise NotImplementedError(
+            f"assistant_model: {type(assistant).__name__} has layers with a recurrent state, which a rejected "
+            "draft token would leave advanced"
+        )
+    return support
 
 
 def document_groups(layout: Layout) -> list[list[int]]:

@@ -156,6 +156,7 @@ class ServingLoop(RefillLoop):
             raise ValueError("the prompt is empty")
         check_tokens(model, "the prompt", request.prompt)
         opts = GenerationOptions.resolve(model, **request.options)
+        refuse_speculation(opts)
         room = opts.request.prepare(model, request.prompt).budget
         check_length(model, "the prompt", request.prompt, room)
         slots = len(request.prompt) + room * request.n
@@ -347,3 +348,13 @@ class ServingLoop(RefillLoop):
         counters.live_streams = self.live
         counters.resident_slots = forest.used()
         counters.retained_slots = forest.retained()
+
+
+def refuse_speculation(opts: GenerationOptions) -> None:
+    """NotImplementedError for drafts (prompt lookup, an assistant model): the serving engine decodes one token a
+    stream a round."""
+    if opts.speculation is not None:
+        raise NotImplementedError(
+            "the serving engine decodes one token a stream a round: prompt_lookup_num_tokens and assistant_model "
+            "are for generate_tokens"
+        )

@@ -54,8 +54,10 @@ class Runner:
         backend: AttentionBackend,
         support: Support,
         keeper: RowKeeper | None = None,
+        assistant_support: Support | None = None,
     ):
         self.model, self.layout, self.opts, self.backend, self.support = model, layout, opts, backend, support
+        self.assistant_support = assistant_support  # the assistant model's, where one drafts (`opts.assistant_model`)
         self.device = loop_device(model)
         where = placement(model)
         self.spanning = where.spans

@@ -30,7 +30,7 @@ from ..models.placement import loop_device
 from ..row.forest import Forest
 from .admission import Arrivals
 from .budget import free_memory, row_budget
-from .live import Counters, Request, ServingLoop
+from .live import Counters, Request, ServingLoop, refuse_speculation
 from .probe import check_support
 from .runner import Runner
 
@@ -71,6 +71,7 @@ class Engine:
             device = loop_device(model)
             max_memory = CPU_MEMORY if device.type == "cpu" else int(free_memory(device) * GPU_FRACTION)
         self.opts = GenerationOptions.resolve(model, **options)
+        refuse_speculation(self.opts)
         self.support = check_support(model)
         if self.support.recurrent:
             raise NotImplementedError(

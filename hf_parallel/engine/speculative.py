@@ -18,12 +18,16 @@ On a GPU the forwards replay CUDA graphs captured per bucket of fed tokens, as d
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import replace
+
 import numpy as np
 import torch
 
 from ..decoding.drafting import PromptLookup, Speculation
 from ..decoding.logits import Processing, layout_prompts
 from ..decoding.sampling import Sampler
+from .patching import model_lock
 
 
 class SpeculativeDecode:
@@ -44,9 +48,12 @@ class SpeculativeDecode:
         self.eos_only = torch.tensor(eos_only, device=runner.device) if eos_only is not None else None
         eos = runner.opts.generation_config.eos_token_id
         eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        roots = [layout.ancestors(end)[0] for end in layout.prompt_ends]  # each stream's document
-        shared = [(root, layout.segments[root].tokens) for root in roots]
-        self.lookup = PromptLookup(speculation, layout_prompts(layout), eos, shared)
+        if speculation.assistant:
+            self.drafter = AssistantDrafts(runner, eos)
+        else:
+            roots = [layout.ancestors(end)[0] for end in layout.prompt_ends]  # each stream's document
+            shared = [(root, layout.segments[root].tokens) for root in roots]
+            self.drafter = LookupDrafts(PromptLookup(speculation, layout_prompts(layout), eos, shared))
         self.answer_slots = layout.answer_slots  # [S, room] host
         self.limit = np.full(self.n, speculation.num_tokens)  # each stream's current draft limit
         self.forwards = self.stream_forwards = 0
@@ -56,14 +63,16 @@ class SpeculativeDecode:
         out: list[list[int]] = [[] for _ in range(self.n)]
         live = list(range(self.n))  # the stream of each row
         tokens, stops, alive = self._verify(logits, [[] for _ in live])
-        while True:
-            live = self._accept(live, out, tokens, stops, alive)
-            if not live:
-                return out
-            drafts = [self.lookup.draft(s, min(self.limit[s], self.room - 1 - len(out[s]))) for s in live]
-            logits = self._forward(live, out, drafts)
-            tokens, stops, alive = self._verify(logits, drafts)
-            self._adapt(live, drafts, alive)
+        with self.drafter.running():
+            while True:
+                live = self._accept(live, out, tokens, stops, alive)
+                if not live:
+                    return out
+                limits = [min(self.limit[s], self.room - 1 - len(out[s])) for s in live]
+                drafts = self.drafter.drafts(live, out, limits)
+                logits = self._forward(live, out, drafts)
+                tokens, stops, alive = self._verify(logits, drafts)
+                self._adapt(live, drafts, alive)
 
     def _forward(self, live: list[int], out: list[list[int]], drafts: list[list[int]]) -> torch.Tensor:
         """One forward over each live stream's newest token and its draft; logits [T, V] of every token fed."""
@@ -133,7 +142,7 @@ class SpeculativeDecode:
             accepted = int(alive[r].sum())
             new = tokens[r, :accepted].tolist()
             out[s] += new
-            self.lookup.extend(s, new)
+            self.drafter.accepted(s, new)
             keep.append(not stops[r, :accepted].any() and len(out[s]) < self.room)
         if not all(keep):
             self.processing.keep(torch.as_tensor(keep, device=self.runner.device))
@@ -148,3 +157,83 @@ class SpeculativeDecode:
                 self.limit[s] = min(self.limit[s] + 2, self.speculation.num_tokens)
             elif draft:
                 self.limit[s] = max(self.limit[s] - 1, 1)
+
+
+class LookupDrafts:
+    """Prompt lookup's drafts: each stream's from its own history (`PromptLookup`)."""
+
+    def __init__(self, lookup: PromptLookup):
+        self.lookup = lookup
+
+    @contextlib.contextmanager
+    def running(self):
+        yield
+
+    def drafts(self, live: list[int], out: list[list[int]], limits: list[int]) -> list[list[int]]:
+        return [self.lookup.draft(s, k) for s, k in zip(live, limits)]
+
+    def accepted(self, stream: int, tokens: list[int]) -> None:
+        self.lookup.extend(stream, tokens)
+
+
+class AssistantDrafts:
+    """An assistant model's greedy drafts, decoded in a packed row of its own over the runner's layout.
+
+    The assistant's row holds what the assistant has been fed of each stream: its prompt (prefilled once, the
+    shared prefixes once), then the answer tokens the main model accepted.  A round feeds each live stream's
+    tokens the assistant has not seen (its newest, and any it did not draft itself) and then one token a stream a
+    forward, its own argmax, as many times as the longest draft asked; a draft stops at EOS.  The K/V of drafted
+    tokens the main model rejects lies past the stream's answer and is written over next round.
+    """
+
+    def __init__(self, runner, eos: list[int]):
+        assistant = runner.opts.assistant_model
+        self.support = runner.assistant_support  # probed and checked by the call (`engine.generate`)
+        opts = replace(runner.opts, cuda_graphs=False, compile=False, speculation=None, assistant_model=None)
+        self.runner = type(runner)(assistant, runner.layout, opts, runner.backend, self.support)
+        self.vocab = runner.model.config.get_text_config().vocab_size  # a draft token the main model has
+        self.eos = set(eos)
+        self.fed: list[int] = []  # answer tokens of each stream in the assistant's row
+
+    @contextlib.contextmanager
+    def running(self):
+        """The assistant held and its prompts prefilled for the decode's duration."""
+        with model_lock(self.runner.model).held(), self.runner.using_model():
+            self.runner.prefill()
+            self.fed = [0] * self.runner.layout.num_prompts
+            yield
+
+    def drafts(self, live: list[int], out: list[list[int]], limits: list[int]) -> list[list[int]]:
+        runner, device, limits = self.runner, self.runner.device, list(limits)
+        slots = runner.layout.answer_slots
+        drafts = [[] for _ in live]
+        rows = [r for r, k in enumerate(limits) if k > 0]
+        if not rows:
+            return drafts
+        new = [out[live[r]][self.fed[live[r]] :] for r in rows]  # what the assistant has not seen
+        q_slot = torch.cat([slots[live[r], self.fed[live[r]] : len(out[live[r]])] for r in rows])
+        ids = torch.tensor([t for tokens in new for t in tokens], dtype=torch.long)
+        keep = torch.tensor(np.cumsum([len(tokens) for tokens in new]) - 1)
+        for r in rows:
+            self.fed[live[r]] = len(out[live[r]])
+        for step in range(max(limits[r] for r in rows)):
+            q_slot, ids, keep = q_slot.to(device), ids.to(device), keep.to(device)
+            chosen = runner.forward(runner.plan(q_slot), ids, keep).argmax(-1).tolist()
+            going = []
+            for r, token in zip(rows, chosen):
+                if token in self.eos or token >= self.vocab:
+                    limits[r] = 0
+                elif len(drafts[r]) < limits[r]:
+                    drafts[r].append(token)
+                if len(drafts[r]) < limits[r] and step + 1 < limits[r]:
+                    going.append((r, token))
+            if not going:
+                break
+            rows = [r for r, _ in going]
+            q_slot = torch.tensor([int(slots[live[r], len(out[live[r]]) + step]) for r in rows])
+            ids = torch.tensor([token for _, token in going], dtype=torch.long)
+            keep = torch.arange(len(rows))
+        return drafts
+
+    def accepted(self, stream: int, tokens: list[int]) -> None:
+        """Nothing: the next round feeds the stream's accepted tokens again (its drafted ones over their own K/V)."""
