@@ -113,6 +113,21 @@ def test_tree_computes_each_shared_prefix_once(llama):
     assert scores.computed_tokens < sum(len(s) for s in inputs)
 
 
+def test_greedy_flags_and_a_candidate_filling_the_positions(llama):
+    """A candidate is greedy where each of its tokens is its row's argmax in a plain forward; the last token of a
+    candidate is only a target, so prompt and candidate may together hold one token more than the positions."""
+    gen = torch.Generator().manual_seed(7)
+    prompt = random_tokens(250, gen)
+    with torch.no_grad():
+        logits = llama(torch.tensor([prompt])).logits[0]
+    argmax = int(logits[-1].argmax())
+    continuations = [[[argmax], [(argmax + 1) % 96], random_tokens(7, gen)]]
+    scores = score_tree(llama, [prompt], continuations)
+    assert scores.greedy == [[True, False, False]]
+    for cont, lp in zip(continuations[0], scores.token_logprobs[0]):
+        assert float(lp.sum()) == pytest.approx(float(alone(llama, prompt, cont).sum()), abs=ATOL)
+
+
 def test_bf16_stays_close():
     model = tiny_model("llama", torch.bfloat16)
     prompts, continuations = _depth2(torch.Generator().manual_seed(6))
@@ -132,7 +147,8 @@ def test_bf16_stays_close():
         ([[]], [[[7]]], "prompt 0 is empty"),
         ([[5, 6]], [[[7]], [[8]]], "1 prompts but 2"),
         ([[5, 6]], [[[7, 96]]], "outside the vocabulary"),
-        ([[5] * 250], [[[7] * 3, [7] * 7]], "continuation 1 has 257 tokens"),
+        # 250 + 7 inputs (the last token only a target) past the 256 positions
+        ([[5] * 250], [[[7] * 3, [7] * 8]], "continuation 1 has 257 tokens"),
     ],
 )
 def test_bad_input_is_refused(llama, prompts, continuations, message):

@@ -28,10 +28,12 @@ class TreeScores:
     """Per-token log-probabilities of every candidate, and what the tree cost.
 
     token_logprobs:  [P][C_p] float32 tensors [len(continuation)], in input order.
+    greedy:          [P][C_p] whether every token of the candidate is its row's argmax (greedy decoding's choice).
     computed_tokens: tokens the packed forward ran (the tree's size, shared prefixes once).
     """
 
     token_logprobs: list[list[torch.Tensor]]
+    greedy: list[list[bool]]
     computed_tokens: int
 
 
@@ -62,7 +64,8 @@ def score_continuations(
 
 
 def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -> TreeScores:
-    """`score_continuations`, keeping the per-token tensors and the tree's size (for the judge and benchmarks)."""
+    """`score_continuations`, keeping the per-token tensors, the greedy flags and the tree's size (for the judge,
+    the harness backend and benchmarks)."""
     check_model(model)
     prompts = as_token_lists("prompts", prompts)
     if isinstance(continuations, (str, bytes)) or not isinstance(continuations, (list, tuple)):
@@ -75,7 +78,7 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     chunk = 1 << 62 if prefill_chunk is None else prefill_chunk
     opts = GenerationOptions(max_new_tokens=1, attn=attn, prefill_chunk=chunk, cuda_graphs=False)
     if not prompts:
-        return TreeScores([], 0)
+        return TreeScores([], [], 0)
     check_inputs(model, prompts, continuations)
     sequences, seq_of = tree_sequences(prompts, continuations)
     layout = build_layout(sequences, 0)  # no answer room: the tree is exactly the tokens to run
@@ -84,9 +87,14 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     backend = resolve_backend(opts.attn, model.device)
     runner = Runner(model, layout, opts, backend, support)
     with torch.inference_mode(), runner.using_model():
-        logprobs = _run(runner, rows, targets, opts.prefill_chunk).cpu()
-    flat = iter(logprobs.split(sizes))
-    return TreeScores([[next(flat) for _ in cands] for cands in continuations], layout.num_slots)
+        logprobs, greedy = (t.cpu() for t in _run(runner, rows, targets, opts.prefill_chunk))
+    flat = iter(zip(logprobs.split(sizes), greedy.split(sizes)))
+    per_candidate = [[next(flat) for _ in cands] for cands in continuations]
+    return TreeScores(
+        [[lp for lp, _ in row] for row in per_candidate],
+        [[bool(hit.all()) for _, hit in row] for row in per_candidate],
+        layout.num_slots,
+    )
 
 
 def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
@@ -97,7 +105,8 @@ def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
             raise ValueError(f"prompt {p} has no candidate continuations")
         for c, cont in enumerate(cands):
             check_tokens(model, f"continuation {c} of prompt {p}", cont)
-            check_length(model, f"prompt {p} with continuation {c}", prompt + cont)  # both parts' ids checked
+            # positions: a continuation's last token is only a target, never an input
+            check_length(model, f"prompt {p} with continuation {c}", prompt + cont[:-1])
 
 
 def tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
@@ -133,13 +142,15 @@ def _tail_slots(layout: Layout, seg_id: int, n: int) -> torch.Tensor:
     return torch.cat(parts[::-1])
 
 
-def _run(runner: Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Run the tree in slot order, `chunk` tokens per forward; log p(target | row) [M] float32."""
+def _run(runner: Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the tree in slot order, `chunk` tokens per forward; log p(target | row) [M] float32 and whether the
+    target is the row's argmax [M] bool."""
     device = runner.device
     slots, tokens, _ = runner.layout.prompt_slots()
     keep, inverse = torch.unique(rows, return_inverse=True)  # sorted; candidates may share rows
     inverse, targets = inverse.to(device), targets.to(device)
     out = torch.empty(len(rows), dtype=torch.float32, device=device)
+    greedy = torch.empty(len(rows), dtype=torch.bool, device=device)
     for start in range(0, len(slots), chunk):
         part = slots[start : start + chunk]
         lo = int(torch.searchsorted(keep, part[0]))  # rows inside this chunk: keep[lo:hi]
@@ -149,8 +160,10 @@ def _run(runner: Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) 
         logits = runner.forward(plan, tokens[start : start + len(part)].to(device), local.to(device))
         if hi == lo:
             continue  # this chunk only fills the cache
-        lse = torch.logsumexp(logits, dim=-1)
         sel = (inverse >= lo) & (inverse < hi)
         row = inverse[sel] - lo
-        out[sel] = logits[row, targets[sel]] - lse[row]
-    return out
+        # log_softmax, as a plain forward's scorer (lm-eval's HF backend among them) takes it: on the CPU,
+        # logits - logsumexp rounds differently (SmolLM2: up to 1.6e-5 a token, 5e-4 over a 60-token passage)
+        out[sel] = torch.log_softmax(logits, dim=-1)[row, targets[sel]]
+        greedy[sel] = logits.argmax(dim=-1)[row] == targets[sel]
+    return out, greedy
