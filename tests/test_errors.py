@@ -85,7 +85,7 @@ def test_beam_search_and_unknown_options_are_refused(llama):
     with pytest.raises(NotImplementedError, match="num_beams"):
         generate_tokens(llama, [[3, 4]], num_beams=2)
     for option in ({"penalty_alpha": 0.6, "top_k": 4}, {"guidance_scale": 1.5}, {"force_words_ids": [[5]]},
-                   {"num_beam_groups": 2}, {"assistant_model": llama}):  # fmt: skip
+                   {"num_beam_groups": 2}, {"assistant_tokenizer": object()}):  # fmt: skip
         with pytest.raises(NotImplementedError, match=next(iter(option))):
             generate_tokens(llama, [[3, 4]], max_new_tokens=2, **option)
     with pytest.raises(NotImplementedError, match="num_beams"):  # through generation_config= too

@@ -178,7 +178,7 @@ def test_no_history_work_without_history_processors():
 # -- sampling: each stream's processed distribution is generate's for its own history --
 
 
-def _generate_processors(model, prompt: list[int], **options) -> list:
+def generate_processors(model, prompt: list[int], **options) -> list:
     """generate's own processor list for `prompt` alone, captured independently of hf_parallel."""
     box = {}
 
@@ -206,7 +206,7 @@ def test_sampled_distributions_equal_generates(config, options, monkeypatch):
     generate_tokens(model, prompts, max_new_tokens=6, eos_token_id=[], seed=0, **options)
     spread = 0
     for i, prompt in enumerate(prompts):
-        processors = _generate_processors(model, prompt, max_new_tokens=6, **options)
+        processors = generate_processors(model, prompt, max_new_tokens=6, **options)
         history = list(prompt)
         for scores, tokens in seen:
             logits = model(torch.tensor([history])).logits[0, -1:].float()

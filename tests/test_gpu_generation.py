@@ -12,6 +12,7 @@ import torch
 from hf_parallel import Session, generate_tokens
 
 from .conftest import generate_alone, random_tokens, tiny_model
+from .test_speculation import Oracle
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 ATTNS = ["reference", "triton"]
@@ -263,8 +264,6 @@ def test_the_serving_engine_matches_generate(cuda_model, attn):
 @pytest.mark.parametrize("graphs", [True, False])
 def test_prompt_lookup_matches_generate(cuda_model, attn, graphs, monkeypatch):
     """Verify forwards of many tokens per stream, replayed per bucket of fed tokens or eager, on both paths."""
-    from .test_speculation import Oracle
-
     if cuda_model.config.model_type == "qwen3_5_text":
         pytest.skip("recurrent layers are refused with prompt lookup (tests/test_speculation.py)")
     torch.backends.cuda.matmul.allow_tf32 = False

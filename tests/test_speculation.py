@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
+from transformers import GenerationConfig
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
 from hf_parallel import generate_tokens
 from hf_parallel.decoding import sampling
 from hf_parallel.decoding.drafting import PromptLookup, Speculation
 from hf_parallel.engine import speculative
+from hf_parallel.engine.serving import Engine
 
 from .conftest import ARCHITECTURES, VOCAB, generate_alone, random_tokens, tiny_model
-from .test_generation_options import EOS, BanRecent, StopAfterRepeat, alone, char_tokenizer, model_with
+from .test_generation_options import (
+    EOS,
+    BanRecent,
+    StopAfterRepeat,
+    alone,
+    char_tokenizer,
+    generate_processors,
+    model_with,
+)
 from .test_scheduling import max_memory_for
 
 NEW = 16
@@ -183,8 +194,6 @@ def test_processors_apply_at_every_accepted_position(case, monkeypatch):
 
 
 def test_generation_config_and_kwargs_carry_prompt_lookup(monkeypatch, counted):
-    from transformers import GenerationConfig
-
     model, prompts = model_with(), prompts_with_repeats(6)
     want = [generate_alone(model, p, NEW) for p in prompts]
     Oracle(prompts, want).install(monkeypatch)
@@ -199,8 +208,6 @@ def test_generation_config_and_kwargs_carry_prompt_lookup(monkeypatch, counted):
 
 def test_sampled_distributions_with_drafts(monkeypatch):
     """Each accepted token is drawn from the processed distribution generate gives its stream's history."""
-    from .test_generation_options import _generate_processors
-
     model = model_with(dict(do_sample=True, temperature=0.7, top_k=20, repetition_penalty=1.3))
     prompts = prompts_with_repeats(7)
     options = dict(max_new_tokens=10, eos_token_id=[], seed=0)
@@ -236,7 +243,7 @@ def test_sampled_distributions_with_drafts(monkeypatch):
         last[(stream, length)] = scores
     spread = 0
     for i, prompt in enumerate(prompts):
-        processors = _generate_processors(model, prompt, max_new_tokens=10)
+        processors = generate_processors(model, prompt, max_new_tokens=10)
         for t in range(len(got[i])):
             history = prompt + got[i][:t]
             logits = model(torch.tensor([history])).logits[0, -1:].float()
@@ -306,15 +313,11 @@ def test_assistant_refusals(llama):
 
 
 def transformers_model_with_vocab(vocab: int):
-    import transformers
-
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                       intermediate_size=64, max_position_embeddings=256)  # fmt: skip
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 def test_the_serving_engine_refuses_drafts(llama):
-    from hf_parallel.engine.serving import Engine
-
     with pytest.raises(NotImplementedError, match="one token a stream a round"):
         Engine(llama, prompt_lookup_num_tokens=3)

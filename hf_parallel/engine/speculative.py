@@ -1,6 +1,7 @@
-"""Speculative decoding in the packed row: every stream drafts from its own history, one forward verifies all drafts.
+"""Speculative decoding in the packed row: every stream drafts, one forward verifies all drafts.
 
-    draft    each live stream's newest token, then up to k draft tokens (`PromptLookup`), written at the next
+    draft    each live stream's newest token, then up to k draft tokens (from its own history, `LookupDrafts`,
+             or from an assistant model's packed row, `AssistantDrafts`), written at the next
              slots of its own answer region, at its own positions: a stream's draft tokens are its queries,
              and the stream mask is as it is (each sees the document, its own prompt, its accepted answer
              and the draft tokens before it)
