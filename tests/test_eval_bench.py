@@ -195,8 +195,8 @@ def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_toke
     prompts = [DOC + [10 * i + 11, 10 * i + 12, corpus.LENGTH_BASE + n] for i, n in enumerate((2, 5, 3, 6))]
     seen = []
     group_ids = logits.Processing.group_ids
-    monkeypatch.setattr(logits.Processing, "group_ids",
-                        lambda self, g, rows: seen.append(rows is None) or group_ids(self, g, rows))  # fmt: skip
+    monkeypatch.setattr(logits.Processing, "group_ids", lambda self, g, rows, *length: seen.append(rows is None)
+                        or group_ids(self, g, rows, *length))  # fmt: skip
 
     def run():
         seen.clear()

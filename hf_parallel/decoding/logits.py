@@ -256,11 +256,18 @@ class Processing:
             out[rows] = call(ids, scores[rows]) if scores is not None else call(ids, None).to(out.device)
         return out
 
-    def _subsets(self, rows: torch.Tensor):
-        """A group's live `rows`, where rows differ in length, as (rows, answer length) sets of one length each."""
-        members = rows.cpu().numpy()
-        for length in np.unique(self.lengths[members]):
-            yield torch.as_tensor(members[self.lengths[members] == length], device=self.zero.device), int(length)
+    def _group_subsets(self):
+        """(group, its live rows, their answer length) for every group with live rows, split by length where rows
+        differ in length."""
+        for g, rows in enumerate(self.rows):
+            if rows is None:
+                continue
+            if self.lengths is None:
+                yield g, rows, self.length
+                continue
+            members = rows.cpu().numpy()
+            for length in np.unique(self.lengths[members]):
+                yield g, torch.as_tensor(members[self.lengths[members] == length], device=rows.device), int(length)
 
     def group_ids(self, g: int, rows: torch.Tensor | None, length: int | None = None) -> torch.Tensor:
         """Group g's exact histories [n_g, P_g + t] (rows None: every live row's, contiguous as generate's), rows
@@ -272,55 +279,29 @@ class Processing:
         return big[:, columns].contiguous() if rows is None else big[rows, columns]
 
     def _per_group(self, index: list[int], scores: torch.Tensor) -> torch.Tensor:
-        if self.lengths is not None:
-            return self._per_group_by_length(index, scores)
-        if self.whole is not None:  # one group holds every row: its processors on the scores, as generate runs them
-            ids = self.group_ids(self.whole, None)
+        if self.lengths is None and self.whole is not None:  # one group holds every row: its processors on the
+            ids = self.group_ids(self.whole, None)  # scores, as generate runs them
             for k in index:
                 scores = self.groups[self.whole].processors[k](ids, scores)
             return scores
         out = scores.clone()
-        for g, rows in enumerate(self.rows):
-            if rows is not None:
-                ids, group_scores = self.group_ids(g, rows), scores[rows]
-                for k in index:
-                    group_scores = self.groups[g].processors[k](ids, group_scores)
-                out[rows] = group_scores
-        return out
-
-    def _per_group_by_length(self, index: list[int], scores: torch.Tensor) -> torch.Tensor:
-        out = scores.clone()
-        for g, group_rows in enumerate(self.rows):
-            if group_rows is None:
-                continue
-            for rows, length in self._subsets(group_rows):
-                ids, group_scores = self.group_ids(g, rows, length), scores[rows]
-                for k in index:
-                    group_scores = self.groups[g].processors[k](ids, group_scores)
-                out[rows] = group_scores
+        for g, rows, length in self._group_subsets():
+            ids, group_scores = self.group_ids(g, rows, length), scores[rows]
+            for k in index:
+                group_scores = self.groups[g].processors[k](ids, group_scores)
+            out[rows] = group_scores
         return out
 
     def _per_group_stop(self, index: list[int], tokens: torch.Tensor) -> torch.Tensor:
-        if self.lengths is not None:
-            done = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
-            for g, group_rows in enumerate(self.rows):
-                if group_rows is None:
-                    continue
-                for rows, length in self._subsets(group_rows):
-                    ids = self.group_ids(g, rows, length)
-                    for k in index:
-                        done[rows] |= self.groups[g].criteria[k](ids, None).to(done.device)
-            return done
-        if self.whole is not None:
+        if self.lengths is None and self.whole is not None:
             ids, criteria = self.group_ids(self.whole, None), self.groups[self.whole].criteria
             hits = [criteria[k](ids, None).to(tokens.device) for k in index]
             return functools.reduce(torch.logical_or, hits)
         done = torch.zeros(len(tokens), dtype=torch.bool, device=tokens.device)
-        for g, rows in enumerate(self.rows):
-            if rows is not None:
-                ids = self.group_ids(g, rows)
-                for k in index:
-                    done[rows] |= self.groups[g].criteria[k](ids, None).to(done.device)
+        for g, rows, length in self._group_subsets():
+            ids = self.group_ids(g, rows, length)
+            for k in index:
+                done[rows] |= self.groups[g].criteria[k](ids, None).to(done.device)
         return done
 
     def _loop_bound(self, stage: Stage, room: int) -> bool:

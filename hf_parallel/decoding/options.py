@@ -162,6 +162,11 @@ class GenerationOptions:
         return bool(self.generation_config is not None and self.generation_config.do_sample)
 
     @property
+    def eos_ids(self) -> list[int]:
+        """The merged config's EOS ids (none: an empty list)."""
+        return (_as_eos(self.generation_config.eos_token_id) or []) if self.generation_config is not None else []
+
+    @property
     def num_return_sequences(self) -> int:
         return (self.generation_config.num_return_sequences or 1) if self.generation_config is not None else 1
 

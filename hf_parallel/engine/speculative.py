@@ -47,8 +47,7 @@ class SpeculativeDecode:
         self.sampler = Sampler(runner.opts, runner.device)
         eos_only = self.processing.eos_only() if not self.sampler.do_sample else None
         self.eos_only = torch.tensor(eos_only, device=runner.device) if eos_only is not None else None
-        eos = runner.opts.generation_config.eos_token_id
-        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        eos = runner.opts.eos_ids
         if speculation.assistant:
             self.drafter = AssistantDrafts(runner, eos)
         else:
@@ -166,9 +165,8 @@ class LookupDrafts:
     def __init__(self, lookup: PromptLookup):
         self.lookup = lookup
 
-    @contextlib.contextmanager
     def running(self):
-        yield
+        return contextlib.nullcontext()
 
     def drafts(self, live: list[int], out: list[list[int]], limits: list[int]) -> list[list[int]]:
         return [self.lookup.draft(s, k) for s, k in zip(live, limits)]
@@ -188,10 +186,10 @@ class AssistantDrafts:
     """
 
     def __init__(self, runner, eos: list[int]):
-        assistant = runner.opts.assistant_model
-        self.support = runner.assistant_support  # probed and checked by the call (`engine.generate`)
         opts = replace(runner.opts, cuda_graphs=False, compile=False, speculation=None, assistant_model=None)
-        self.runner = type(runner)(assistant, runner.layout, opts, runner.backend, self.support)
+        # its support probed and checked by the call (`engine.generate`)
+        self.runner = type(runner)(runner.opts.assistant_model, runner.layout, opts, runner.backend,
+                                   runner.assistant_support)  # fmt: skip
         self.vocab = runner.model.config.get_text_config().vocab_size  # a draft token the main model has
         self.eos = set(eos)
         self.fed: list[int] = []  # answer tokens of each stream in the assistant's row
@@ -205,7 +203,7 @@ class AssistantDrafts:
             yield
 
     def drafts(self, live: list[int], out: list[list[int]], limits: list[int]) -> list[list[int]]:
-        runner, device, limits = self.runner, self.runner.device, list(limits)
+        runner, device = self.runner, self.runner.device
         slots = runner.layout.answer_slots
         drafts = [[] for _ in live]
         rows = [r for r, k in enumerate(limits) if k > 0]
@@ -222,11 +220,10 @@ class AssistantDrafts:
             chosen = runner.forward(runner.plan(q_slot), ids, keep).argmax(-1).tolist()
             going = []
             for r, token in zip(rows, chosen):
-                if token in self.eos or token >= self.vocab:
-                    limits[r] = 0
-                elif len(drafts[r]) < limits[r]:
-                    drafts[r].append(token)
-                if len(drafts[r]) < limits[r] and step + 1 < limits[r]:
+                if token in self.eos or token >= self.vocab:  # the draft ends before it
+                    continue
+                drafts[r].append(token)
+                if len(drafts[r]) < limits[r]:
                     going.append((r, token))
             if not going:
                 break
