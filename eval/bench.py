@@ -67,17 +67,17 @@ from unittest import mock
 import torch
 import transformers
 
-from hf_parallel import GenerationOptions, Session, generate_tokens
-from hf_parallel.attention import launcher, resolve_backend
+from hf_parallel import Session, generate_tokens
+from hf_parallel.attention import launcher
 from hf_parallel.attention.triton import TritonBackend
-from hf_parallel.engine import runner as runner_module
-from hf_parallel.engine.probe import check_support
-from hf_parallel.engine.runner import Runner
+from hf_parallel.engine.core import EngineCore
+from hf_parallel.engine.generate import generate_layout
 from hf_parallel.models import compiled_parts, projections
 from hf_parallel.models.checks import cache_keyword
 from hf_parallel.models.compiled_parts import FUNCTION
 from hf_parallel.row import cache as packed_cache
 from hf_parallel.row.layout import build_layout
+from hf_parallel.runner.probe import check_support
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -154,28 +154,10 @@ def index_copy_writes():
     return mock.patch.object(packed_cache, "cache_write", None)
 
 
-class _SyncedCount(runner_module.LaggedCount):
-    def previous(self, running, first):
-        return int(running.sum())
-
-
-def synced_steps():
-    """Each decode step's live count read at once (the host waits for the step): the ablation of `LaggedCount`."""
-    return mock.patch.object(runner_module, "LaggedCount", _SyncedCount)
-
-
-def prefill_synced():
-    """The host waits for each prefill forward before launching the next (as a copy from the host between chunks
-    makes it): the ablation of `Runner.prefill_chunks` readying every chunk's tensors on the device first."""
-    forward = runner_module.Runner.forward
-
-    def synced(self, plan, tokens, keep, step=False):
-        out = forward(self, plan, tokens, keep, step)
-        if not step:
-            torch.cuda.synchronize(self.device)
-        return out
-
-    return mock.patch.object(runner_module.Runner, "forward", synced)
+def synced_rounds():
+    """Each round's tokens read at once (the host waits for the GPU before it queues the next round): the ablation
+    of `EngineCore.read_late`."""
+    return mock.patch.object(EngineCore, "read_late", False)
 
 
 @contextlib.contextmanager
@@ -209,8 +191,7 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
     "pp_prefill_apart": (dict(attn="triton"), False, prefill_apart),
     "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
-    "pp_synced": (dict(attn="triton"), False, synced_steps),
-    "pp_prefill_synced": (dict(attn="triton"), False, prefill_synced),
+    "pp_synced": (dict(attn="triton"), False, synced_rounds),
     "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
 }
 
@@ -265,23 +246,21 @@ def timed(fn) -> tuple[float, object]:
 def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bool = False,
              session: Session | None = None) -> list[list[int]]:  # fmt: skip
     """`generate_tokens` as a user calls it, its input checks and memory plan included (the interleaved layout, an
-    ablation it does not take, through its Runner); a `Session` keeps the row (and its captured steps) between the
-    warm-up and the timed runs."""
+    ablation it does not take, through `generate_layout`); a `Session` keeps the row (and its captured rounds)
+    between the warm-up and the timed runs."""
     options = dict(options)
     fuse_rotary = options.pop("fuse_rotary", True)
     options.update(max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192, progress=False)
-    support = check_support(model)
-    parts = support.fusable
+    profile = check_support(model)
+    parts = profile.fusable
     if not fuse_rotary:  # the ablation: the norms compiled, the rotary embedding as the model runs it
-        support.fusable = [p for p in parts if not p.startswith(FUNCTION)]
+        profile.fusable = [p for p in parts if not p.startswith(FUNCTION)]
     try:
         if not interleaved:
             return generate_tokens(model, prompts, session=session, **options)
-        opts = GenerationOptions.resolve(model, **options)
-        layout = build_layout(prompts, max_new_tokens, interleaved)
-        return Runner(model, layout, opts, resolve_backend(opts.attn, model.device), support, session).run()
+        return generate_layout(model, build_layout(prompts, max_new_tokens, interleaved), session=session, **options)
     finally:
-        support.fusable = parts
+        profile.fusable = parts
 
 
 SESSIONS: dict = {}  # model -> its Session: one row kept between a method's runs, released by free_memory

@@ -43,9 +43,9 @@ from bench import SHAPES as BENCH_SHAPES  # noqa: E402
 
 import hf_parallel  # noqa: E402
 from hf_parallel.attention import resolve_backend  # noqa: E402
-from hf_parallel.engine.budget import row_budget  # noqa: E402
-from hf_parallel.engine.probe import check_support  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402
+from hf_parallel.runner.probe import check_support  # noqa: E402
+from hf_parallel.runner.sizing import size_row  # noqa: E402
 
 LENGTH_BASE = 1000  # the question's last token is LENGTH_BASE + its answer length
 SHAPES = {  # bench's model shapes; a tiny one whose vocabulary holds LENGTH_BASE + every answer length
@@ -175,7 +175,7 @@ def main(argv=None) -> None:
     vocab = model.config.vocab_size
     book = [hash(w) % (vocab - 3) + 3 for w in gzip.open(args.book, "rt", encoding="utf-8-sig").read().split()]
     support = check_support(model)
-    budget = row_budget(model, support, resolve_backend("auto", device).prefill_chunk, args.max_memory)
+    budget = size_row(model, support, resolve_backend("auto", device).prefill_chunk, args.max_memory)
     report = {"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "budget_slots": budget.capacity, "budget_streams": budget.streams, "slot_bytes": support.slot_bytes,
               "workload": {"doc": args.doc, "questions": args.questions, "fit_docs": args.fit_docs,

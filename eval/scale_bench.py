@@ -52,9 +52,9 @@ import transformers
 from accelerate.utils import gather_object, get_balanced_memory, set_module_tensor_to_device
 
 import hf_parallel
-from hf_parallel.engine.budget import free_memory as device_free_memory
 from hf_parallel.frontends.data_parallel import balanced_split, process_state
 from hf_parallel.models.placement import eager_only, execution_devices, is_tensor_parallel, loop_device, normal_device
+from hf_parallel.runner.sizing import free_memory as device_free_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {  # weights' shapes; the rope base as the real model's (it changes no timing)

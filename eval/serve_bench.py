@@ -414,7 +414,7 @@ def run_batch_file(requests: list[Request], args) -> dict:
         after = dict(vars(engine.counters))
         if device == "cuda":
             peak = torch.cuda.max_memory_allocated() / 2**30
-            print(f"[hf-parallel-batch] row of {engine.budget.capacity} slots ({engine.budget.bytes / 2**30:.1f} GiB "
+            print(f"[hf-parallel-batch] row of {engine.size.capacity} slots ({engine.size.bytes / 2**30:.1f} GiB "
                   f"budget); peak allocated {peak:.1f} GiB", flush=True)  # fmt: skip
     finally:
         engine.close(10)

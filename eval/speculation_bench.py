@@ -30,7 +30,6 @@ import torch
 
 import hf_parallel
 from hf_parallel.decoding.drafting import PromptLookup
-from hf_parallel.engine import speculative
 from hf_parallel.evaluation.loaders import load_documents
 from hf_parallel.evaluation.prompts import question_prompts
 from hf_parallel.frontends.default_model import load_smollm2
@@ -41,28 +40,19 @@ FILES = {"squad": "squad-dev-v1.1.json.zip", "drop": "drop-dev.jsonl.gz"}
 
 
 class Counted:
-    """Tokens decided and stream forwards of every speculative decode while installed (its own `run` wrapped)."""
+    """Tokens decided, streams answered, stream forwards and CUDA graphs captured over the calls it runs (each
+    call's `stream_tokens` stats)."""
 
     def __init__(self):
-        self.tokens = self.stream_forwards = self.streams = self.forwards = 0
-        self._run = speculative.SpeculativeDecode.run
+        self.tokens = self.stream_forwards = self.streams = self.captures = 0
 
-    def __enter__(self):
-        counted, run = self, self._run
-
-        def counting(decode, logits):
-            out = run(decode, logits)
-            counted.tokens += sum(map(len, out))
-            counted.stream_forwards += decode.stream_forwards
-            counted.streams += len(out)
-            counted.forwards += decode.forwards
-            return out
-
-        speculative.SpeculativeDecode.run = counting
-        return self
-
-    def __exit__(self, *exc):
-        speculative.SpeculativeDecode.run = self._run
+    def generate(self, model, prompts, session=None, **options) -> list[list[int]]:
+        streamed = hf_parallel.stream_tokens(model, prompts, session=session, **options)
+        answers = dict(streamed)
+        stats = streamed.stats
+        self.tokens, self.stream_forwards = self.tokens + stats.tokens, self.stream_forwards + stats.stream_forwards
+        self.streams, self.captures = self.streams + len(answers), self.captures + stats.captures
+        return [answers[i] for i in range(len(answers))]
 
     @property
     def per_forward(self) -> float:
@@ -89,10 +79,8 @@ def tokens_task(model, tokenizer, args) -> dict:
         counted = Counted()
         for doc in docs:
             prompts = question_prompts(tokenizer, dataset, doc)
-            with counted:
-                ours = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.max_new_tokens,
-                                                   prompt_lookup_num_tokens=args.k, progress=False,
-                                                   adaptive_drafts=args.adaptive)  # fmt: skip
+            ours = counted.generate(model, prompts, max_new_tokens=args.max_new_tokens, prompt_lookup_num_tokens=args.k,
+                                    progress=False, adaptive_drafts=args.adaptive)  # fmt: skip
             for prompt, mine in zip(prompts, ours):
                 plain, _ = generate_alone(model, prompt, max_new_tokens=args.max_new_tokens)
                 looked, forwards = generate_alone(
@@ -134,17 +122,18 @@ def squad_task(model, tokenizer, args) -> dict:
     prompts = [[p for doc in call for p in question_prompts(tokenizer, "squad", doc)] for call in calls]
     options = dict(max_new_tokens=args.max_new_tokens, progress=False, adaptive_drafts=args.adaptive, attn=args.attn)
 
-    session = hf_parallel.Session(model)  # captured steps kept between calls, as a caller of many calls would
+    session = hf_parallel.Session(model)  # captured rounds kept between calls, as a caller of many calls would
 
-    def run(calls=prompts, **extra):
-        return [session.generate_tokens(p, **options, **extra) for p in calls]
+    def run(calls=prompts, counted=None, **extra):
+        counted = counted or Counted()
+        return [counted.generate(model, p, session, **options, **extra) for p in calls]
 
-    run(prompts[:2]), run(prompts[:2], prompt_lookup_num_tokens=args.k)  # warm-up: kernels, captured steps
+    run(prompts[:2]), run(prompts[:2], prompt_lookup_num_tokens=args.k)  # warm-up: kernels, captured rounds
     rows = {}
     for _ in range(args.repeats):
         plain_s, plain = timed(run)
-        with Counted() as counted:
-            spec_s, spec = timed(lambda: run(prompt_lookup_num_tokens=args.k))
+        counted = Counted()
+        spec_s, spec = timed(lambda c=counted: run(counted=c, prompt_lookup_num_tokens=args.k))
         rows.setdefault("plain_s", []).append(plain_s)
         rows.setdefault("speculative_s", []).append(spec_s)
     answers = [a for call in plain for a in call]
@@ -158,6 +147,7 @@ def squad_task(model, tokenizer, args) -> dict:
         speculative_s=min(rows["speculative_s"]),
         speedup=min(rows["plain_s"]) / min(rows["speculative_s"]),
         tokens_per_forward=counted.per_forward,
+        captures_in_timed_calls=counted.captures,
         identical=sum(a == b for a, b in zip(answers, spec_answers)),
         times=rows,
     )
@@ -192,14 +182,16 @@ def copy_task(args) -> dict:
             out.append(token if rng.random() >= args.reject else (token + 1) % vocab)
         return out
 
-    session = hf_parallel.Session(model)  # captured steps kept between calls (the warm-ups capture them)
-    session.generate_tokens(prompts, **options)  # warm-up: kernels, captured steps
+    session = hf_parallel.Session(model)  # captured rounds kept between calls (the warm-ups capture them)
+    session.generate_tokens(prompts, **options)  # warm-up: kernels, captured rounds
     lookup_draft, PromptLookup.draft = PromptLookup.draft, draft
+    counted = Counted()
     try:
         for _ in range(2):  # warm-up: each bucket of fed tokens the drafts reach captured
             session.generate_tokens(prompts, **options, prompt_lookup_num_tokens=args.k)
-        with Counted() as counted:
-            spec_s, spec = timed(lambda: session.generate_tokens(prompts, **options, prompt_lookup_num_tokens=args.k))
+        spec_s, spec = timed(
+            lambda: counted.generate(model, prompts, session, **options, prompt_lookup_num_tokens=args.k)
+        )
     finally:
         PromptLookup.draft = lookup_draft
     plain_s, plain = timed(lambda: session.generate_tokens(prompts, **options))
@@ -216,6 +208,7 @@ def copy_task(args) -> dict:
         reject=args.reject,
         k=args.k,
         tokens_per_forward=counted.per_forward,
+        captures_in_timed_call=counted.captures,
         plain_s=plain_s,
         speculative_s=spec_s,
         speedup=plain_s / spec_s,

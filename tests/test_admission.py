@@ -1,22 +1,24 @@
-"""Continuous refill's admission policy (`hf_parallel.engine.admission`) on its own, without a model."""
+"""Continuous refill's admission policy (`hf_parallel.engine.policies.Refill`) on its own, without a model."""
 
 from __future__ import annotations
 
-from hf_parallel.engine.admission import Admission
-from hf_parallel.engine.budget import RowBudget
-from hf_parallel.row.forest import Forest
+from hf_parallel.engine.policies import Refill
+from hf_parallel.engine.streams import Request
+from hf_parallel.row.prefix_tree import PrefixTree
+from hf_parallel.runner.sizing import RowSize
 
 
 def test_a_full_row_does_not_try_every_waiting_document(monkeypatch):
     """Once a document cannot start, the documents after it wait: an admission round costs a few placements,
     not one per waiting document (a corpus of thousands)."""
-    prompts = [[1000 + d] * 30 + [7] for d in range(500)]  # 500 documents of one question each
-    admission = Admission(prompts, [[d] for d in range(500)], room=10, budget=RowBudget(100, 4096, 0))
-    first = admission.admit(live=0)
-    assert [index for index, _ in first] == [0, 1]  # two fit (41 slots each), in input order
+    policy = Refill(PrefixTree(100), RowSize(100, 4096, 0))
+    for d in range(500):  # 500 documents of one question each
+        policy.add(Request([1000 + d] * 30 + [7], None, 1, 10, group=d))
+    first = policy.admit(live=0)
+    assert [s.key for s in first] == [0, 1]  # two fit (41 slots each), in input order
     tries = []
-    admit = Forest.admit
-    monkeypatch.setattr(Forest, "admit", lambda self, *a, **k: tries.append(a[0]) or admit(self, *a, **k))
-    assert admission.admit(live=2) == []  # 18 slots free: due, but no document fits
+    place = PrefixTree.place
+    monkeypatch.setattr(PrefixTree, "place", lambda self, *a, **k: tries.append(a[0]) or place(self, *a, **k))
+    assert policy.admit(live=2) == []  # 18 slots free: due, but no document fits
     assert tries == [2, 2]  # the next document, once more after freeing unused prefixes; none after it
-    assert [g[0] for g in admission.waiting][:3] == [2, 3, 4]
+    assert [d[0].streams[0].key for d in policy.documents][:3] == [2, 3, 4]

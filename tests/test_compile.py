@@ -22,8 +22,8 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 from hf_parallel import generate_tokens
-from hf_parallel.engine.probe import check_support
 from hf_parallel.models.projections import MOST_ROWS
+from hf_parallel.runner.probe import check_support
 
 from .conftest import ARCHITECTURES, COMMON, generate_alone, random_tokens, tiny_model
 
@@ -110,7 +110,7 @@ def test_a_failing_compilation_falls_back_with_a_warning(llama, monkeypatch):
 
         return call
 
-    monkeypatch.setattr("hf_parallel.engine.runner.compiled_call", broken)
+    monkeypatch.setattr("hf_parallel.runner.model_runner.compiled_call", broken)
     gen = torch.Generator().manual_seed(5)
     prompts = [random_tokens(12, gen) for _ in range(3)]
     with pytest.warns(UserWarning, match="torch.compile of the decode step failed"):
@@ -173,7 +173,7 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
     code = textwrap.dedent("""
         import sys
         from hf_parallel import generate_tokens
-        from hf_parallel.engine import probe
+        from hf_parallel.runner import probe
         from hf_parallel.models import compiled_parts
         from tests.conftest import tiny_model
         assert compiled_parts.COMPILER not in sys.modules
@@ -202,10 +202,11 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
 ])  # fmt: skip
 def test_a_call_imports_the_compiler_only_where_its_runner_compiles(compile, cuda_graphs, device, eager_only,
                                                                     recurrent, want):  # fmt: skip
-    """`Call.prepare` starts the compiler's import by the rule the Runner compiles by (`runner.compiles`): not for
-    a call whose steps run eagerly with compile="auto" (cuda_graphs off, a model over several devices)."""
+    """`Generation.prepare` starts the compiler's import by the rule the model runner compiles by
+    (`model_runner.compiles`): not for a call whose rounds run eagerly with compile="auto" (cuda_graphs off, a
+    model over several devices)."""
     from hf_parallel.decoding.options import GenerationOptions
-    from hf_parallel.engine.runner import compiles
+    from hf_parallel.runner.model_runner import compiles
 
     opts = GenerationOptions.resolve(tiny_model("llama"), compile=compile, cuda_graphs=cuda_graphs)
     assert compiles(opts, torch.device(device), eager_only, recurrent) == want

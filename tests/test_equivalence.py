@@ -5,10 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_parallel import GenerationOptions, generate_tokens
-from hf_parallel.attention import resolve_backend
-from hf_parallel.engine.probe import check_support
-from hf_parallel.engine.runner import Runner
+from hf_parallel import generate_tokens
+from hf_parallel.engine.generate import generate_layout
 from hf_parallel.row.layout import build_layout
 
 from .conftest import generate_alone, random_tokens
@@ -74,9 +72,9 @@ def test_streams_stop_at_eos_at_different_steps(arch_model):
 
 
 def test_stopped_streams_kept_until_the_bucket_shrinks(llama, monkeypatch):
-    """The captured-step policy (stopped streams decode on, unrecorded, until the live ones fit a smaller
-    bucket) run through eager steps on the CPU: the answers must still be each question's own."""
-    monkeypatch.setattr("hf_parallel.engine.runner.Runner.captured_steps", property(lambda self: True))
+    """The captured rounds' policy (stopped streams decode on, unrecorded, until the live ones fit a smaller
+    bucket) run through eager rounds on the CPU: the answers must still be each question's own."""
+    monkeypatch.setattr("hf_parallel.runner.model_runner.ModelRunner.captures", property(lambda self: True))
     gen = torch.Generator().manual_seed(12)
     prompts = _doc_questions(gen, 9)
     free = [generate_alone(llama, p, 12, None) for p in prompts]
@@ -100,12 +98,11 @@ def test_min_new_tokens_delays_eos(llama):
 
 
 def test_interleaved_layout_gives_the_same_tokens(llama):
-    """The reference paper's layout (answers interleaved step by step), a benchmark ablation run through the Runner."""
+    """The reference paper's layout (answers interleaved step by step), a benchmark ablation (`generate_layout`)."""
     gen = torch.Generator().manual_seed(13)
     prompts = _doc_questions(gen, 5)
-    opts = GenerationOptions.resolve(llama, max_new_tokens=NEW, eos_token_id=[])
     layout = build_layout(prompts, NEW, interleaved=True)
-    got = Runner(llama, layout, opts, resolve_backend("reference", llama.device), check_support(llama)).run()
+    got = generate_layout(llama, layout, max_new_tokens=NEW, eos_token_id=[], attn="reference")
     assert got == [generate_alone(llama, p, NEW, None) for p in prompts]
 
 
@@ -115,9 +112,9 @@ def test_small_prefill_chunks_give_the_same_tokens(llama):
 
 
 def test_buckets_pad_little_past_the_weight_bound_sizes():
-    """A captured step runs `bucket(n)` rows for n live streams: powers of two up to FINE_BUCKETS (the GEMMs read
-    the weights either way), then also 3/4 of one (96, 192, ...), so a large step pads at most a third of its rows."""
-    from hf_parallel.engine.cuda_graphs import FINE_BUCKETS, bucket
+    """A captured round runs `bucket(n)` tokens for n fed: powers of two up to FINE_BUCKETS (the GEMMs read the
+    weights either way), then also 3/4 of one (96, 192, ...), so a large round pads at most a third of its tokens."""
+    from hf_parallel.runner.graphs import FINE_BUCKETS, bucket
 
     sizes = [bucket(n) for n in range(1, 5000)]
     assert all(b >= n for n, b in enumerate(sizes, 1))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
 import torch
@@ -182,35 +181,6 @@ def test_every_block_masked_holds_only_inside_its_context():
     assert launcher.default_config(query, key, tiles) == base
 
 
-def test_round_profile_gathered_mode_takes_the_per_group_path_with_the_same_tokens(monkeypatch):
-    """round_profile's `refill-gathered` ablation: prompts of one length under the benchmark's forcing processor
-    run it on gathered rows (and outside the context on the rows' own scores), with the same tokens."""
-    from hf_parallel import generate_tokens
-    from hf_parallel.decoding import logits
-
-    round_profile = eval_module("round_profile")
-    corpus = eval_module("corpus_bench")
-    monkeypatch.setattr(corpus, "LENGTH_BASE", VOCAB - 16)  # a length-coding token inside the tiny vocabulary
-    model = tiny_model("llama")
-    prompts = [DOC + [10 * i + 11, 10 * i + 12, corpus.LENGTH_BASE + n] for i, n in enumerate((2, 5, 3, 6))]
-    seen = []
-    group_ids = logits.Processing.group_ids
-    monkeypatch.setattr(logits.Processing, "group_ids", lambda self, g, rows, *length: seen.append(rows is None)
-                        or group_ids(self, g, rows, *length))  # fmt: skip
-
-    def run():
-        seen.clear()
-        out = generate_tokens(model, prompts, max_new_tokens=8, eos_token_id=2, do_sample=False,
-                              logits_processor=[corpus.ForcedLength(len(prompts[0]), 2)])  # fmt: skip
-        return out, set(seen)
-
-    whole, ways = run()
-    with round_profile.gathered():
-        gathered, gathered_ways = run()
-    assert ways == {True} and gathered_ways == {False}
-    assert gathered == whole and [len(a) for a in whole] == [2, 5, 3, 6]
-
-
 def test_gemm_check_times_the_benchmark_models_own_linear_shapes():
     """eval/gemm_check.py's layer shapes are those of the model bench builds (and the fused ones their sums)."""
     gemm = eval_module("gemm_check")
@@ -236,19 +206,22 @@ def test_gemm_check_skinny_gemm_equals_linear():
         torch.testing.assert_close(gemm.skinny_mm(x, w, config), torch.nn.functional.linear(x, w), msg=str(config))
 
 
-def test_index_copy_writes_and_synced_steps_hold_only_inside_their_contexts():
-    """bench's `pp_index_copy` and `pp_synced` ablations: the cache writes with `index_copy_`, and the decode loop
-    reads each step's live count at once, only while their contexts hold."""
-    from hf_parallel.engine import runner
+def test_index_copy_writes_and_synced_rounds_hold_only_inside_their_contexts():
+    """bench's `pp_index_copy` and `pp_synced` ablations: the cache writes with `index_copy_`, and the core reads
+    each round at once, only while their contexts hold; the answers stay generate's."""
+    from hf_parallel import generate_tokens
+    from hf_parallel.engine.core import EngineCore
     from hf_parallel.row import cache
 
-    kernel, lagged = cache.cache_write, runner.LaggedCount
+    kernel = cache.cache_write
     with bench.index_copy_writes():
         assert cache.cache_write is None
-    with bench.synced_steps():
-        assert runner.LaggedCount is not lagged
-        assert runner.LaggedCount(torch.device("cpu")).previous(torch.tensor([True, False, True]), first=3) == 2
-    assert (cache.cache_write, runner.LaggedCount) == (kernel, lagged)
+    model, prompts = tiny_model("llama"), [DOC + [5, 6], DOC + [7]]
+    with bench.synced_rounds():
+        assert EngineCore.read_late is False
+        got = generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[])
+    assert cache.cache_write is kernel and EngineCore.read_late is True
+    assert got == generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[])
 
 
 def test_every_dim_dynamic_holds_only_inside_its_context():
@@ -299,43 +272,6 @@ def test_host_check_times_the_input_checks_and_the_prefix_tree(capsys):
     assert "3 prompts of 76 tokens: input checks" in out and "build_layout" in out
     assert "2 layers: placement" in out and "sibling groups" in out and "check_model" in out
     assert "3 text prompts of a 64-token document: tokenized a call each" in out and "in batches" in out
-
-
-def test_prefill_synced_waits_after_prefill_forwards_only_inside_its_context():
-    """bench's `pp_prefill_synced`: the host waits for each prefill forward (not a decode step's), only while its
-    context holds."""
-    from hf_parallel.engine import runner
-
-    forward, calls = runner.Runner.forward, []
-    with mock.patch.object(runner.Runner, "forward", lambda self, *args, **kwargs: "out"):
-        with mock.patch.object(torch.cuda, "synchronize", lambda device=None: calls.append(device)):
-            with bench.prefill_synced():
-                fake = SimpleNamespace(device="cuda:0")
-                outs = [runner.Runner.forward(fake, None, None, None), runner.Runner.forward(fake, None, None, None,
-                                                                                              step=True)]  # fmt: skip
-    assert outs == ["out", "out"] and calls == ["cuda:0"]
-    assert runner.Runner.forward is forward
-
-
-def test_host_phases_times_a_calls_phases_and_puts_the_functions_back(tmp_path):
-    """eval/host_phases.py: each phase of a call timed (the input checks before the prefill, the prefill before the
-    decode, within the call's wall time), and every wrapped function restored after."""
-    from hf_parallel.engine import generate, runner
-
-    phases = eval_module("host_phases")
-    before = (generate.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"])
-    report = phases.main(["--model", "tiny", "--doc", "40", "--questions", "3", "--new-tokens", "1", "4",
-                          "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
-    assert (generate.build_layout, runner.Runner.prefill, runner.use_model, vars(runner.Runner)["__init__"]) == before
-    assert [r["new_tokens"] for r in report] == [1, 4]
-    assert json.loads((tmp_path / "phases.json").read_text()) == report
-    for row in report:
-        at = {p["phase"]: p for p in row["phases"]}
-        assert (
-            at["generate.build_layout"]["first_ms"] < at["Runner.prefill"]["first_ms"] < at["Runner.decode"]["first_ms"]
-        )
-        assert at["GenerateRequest.prepare"]["calls"] >= 1 and at["use_model enter"]["calls"] == 1
-        assert all(p["first_ms"] + p["ms"] <= row["wall_ms"] + 0.1 for p in row["phases"])
 
 
 def _linear_weights(config) -> int:

@@ -16,10 +16,9 @@ from transformers import GenerationConfig, LogitsProcessor, PreTrainedTokenizerF
 
 from hf_parallel import generate_parallel, generate_tokens
 from hf_parallel.decoding import logits, sampling
-from hf_parallel.decoding.logits import Processing
+from hf_parallel.decoding.logits import StreamProcessors
 from hf_parallel.decoding.options import GenerationOptions
-from hf_parallel.engine.patching import Support
-from hf_parallel.row.layout import build_layout
+from hf_parallel.runner.patching import ModelProfile
 
 from .conftest import VOCAB, random_tokens, tiny_model
 
@@ -152,13 +151,13 @@ def test_generation_config_argument_merges_as_generate():
     assert max(map(len, got)) == NEW and got != check_greedy(model, prompts, generation_config=config)
 
 
-def test_padded_ways_equal_per_group_calls(monkeypatch):
-    """The class-specific padded calls against the exact way every class could take (one call per length)."""
+def test_padded_views_equal_per_group_calls(monkeypatch):
+    """The class-specific padded calls against the exact view every class could take (one call per length)."""
     model, prompts = model_with(QWEN), doc_prompts(4)
     options = dict(do_sample=False, max_new_tokens=NEW, eos_token_id=[], repetition_penalty=1.5, min_new_tokens=3,
                    no_repeat_ngram_size=2, sequence_bias=[[[5, 6], -3.0]], bad_words_ids=[[7, 8]])  # fmt: skip
     fast = generate_tokens(model, prompts, **options)
-    monkeypatch.setattr(logits, "WAYS", {})
+    monkeypatch.setattr(logits, "VIEWS", {})
     monkeypatch.setattr(logits, "LENGTH_LIMIT", {})
     assert generate_tokens(model, prompts, **options) == fast
 
@@ -166,13 +165,12 @@ def test_padded_ways_equal_per_group_calls(monkeypatch):
 def test_no_history_work_without_history_processors():
     """Plain greedy, or temperature / top-k / top-p: no history buffer, one call per processor per step."""
     model, prompts = model_with(), doc_prompts()
-    layout = build_layout(prompts, NEW)
     for options in ({}, {"do_sample": True, "temperature": 0.5, "top_k": 5, "top_p": 0.9}):
         opts = GenerationOptions.resolve(model, max_new_tokens=NEW, eos_token_id=EOS, **options)
-        proc = Processing.for_layout(model, opts, layout, model.device)
+        proc = StreamProcessors.for_prompts(model, opts, prompts, NEW, model.device)
         assert proc.history == {} and proc.rows is None
-        assert [s.way for s in proc.process] == ["shape"] * len(proc.process)
-        assert [s.way for s in proc.stop] == ["last"]  # EOS; the length limit is the loop's bound
+        assert [s.view for s in proc.process] == ["length"] * len(proc.process)
+        assert [s.view for s in proc.stop] == ["newest"]  # EOS; the length limit is the loop's bound
 
 
 # -- sampling: each stream's processed distribution is generate's for its own history --
@@ -221,8 +219,8 @@ def test_sampled_distributions_equal_generates(config, options, monkeypatch):
 
 def test_num_return_sequences_are_independent_samples_of_a_prompt_stored_once(monkeypatch):
     model, prompts = model_with(QWEN), doc_prompts(6, lengths=(2, 5, 3))
-    caches, build = [], Support.cache
-    monkeypatch.setattr(Support, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
+    caches, build = [], ModelProfile.cache
+    monkeypatch.setattr(ModelProfile, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
     starts = [p[20] for p in prompts]  # each question's first token (after the 20-token document)
     assert len(set(starts)) == 3
 

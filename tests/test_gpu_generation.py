@@ -1,6 +1,6 @@
-"""On CUDA: captured decode steps (CUDA graphs, reused across calls in a Session), attention sinks, recurrent
-layers and refill give plain `model.generate`'s tokens; a call's memory comes back when it returns, and counts as
-free for the next call's budget."""
+"""On CUDA: captured rounds (CUDA graphs, reused across calls in a Session), attention sinks, recurrent layers and
+refill give plain `model.generate`'s tokens; a call's rounds never wait for the GPU but to read the round before; a
+call's memory comes back when it returns, and counts as free for the next call's budget."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from hf_parallel import Session, generate_tokens
+from hf_parallel import Session, generate_tokens, stream_tokens
 
 from .conftest import generate_alone, random_tokens, tiny_model
 from .test_speculation import Oracle
@@ -115,7 +115,7 @@ def test_compiled_graphs_match_generate(cuda_model, attn):
 def test_the_budget_counts_the_allocators_cached_blocks_as_free():
     """A finished call's blocks stay reserved in PyTorch's caching allocator: the next call's budget counts them
     as free (else a call after a large one would see a fraction of the GPU and split its work into many rows)."""
-    from hf_parallel.engine.budget import free_memory
+    from hf_parallel.runner.sizing import free_memory
 
     device = torch.device("cuda")
     torch.cuda.empty_cache()
@@ -147,9 +147,9 @@ def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
 @pytest.mark.parametrize("compile", [False, "auto"])  # the prefill waiting on the GPU; compiling the layers' parts
 @pytest.mark.parametrize("own_tiles", [None, "overlap"])
 def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, compile, monkeypatch, tmp_path):
-    """Every kernel of a first call, the K/V write's, the prefill's and the first captured step's, is built on a
-    thread beside the caller (`Runner.prebuild_prefill`, `Runner.prebuild_step`), none at its launch (into an
-    empty cache, each kernel's in-process table emptied first, so that every launch needs a build)."""
+    """Every kernel of a first call, the K/V write's, the first round's and the first captured round's, is built on
+    a thread beside the caller (`ModelRunner.prebuild`), none at its launch (into an empty cache, each kernel's
+    in-process table emptied first, so that every launch needs a build)."""
     import collections
     import threading
     import warnings
@@ -157,9 +157,9 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
     import triton
 
     from hf_parallel.attention import triton as path
-    from hf_parallel.engine.probe import check_support
     from hf_parallel.kernels import cache_write, prebuild
     from hf_parallel.kernels import stream_attention as kernels
+    from hf_parallel.runner.probe import check_support
 
     if check_support(cuda_model).recurrent:
         pytest.skip("recurrent layers decode eagerly: no captured step to build for")
@@ -181,63 +181,47 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
         warnings.simplefilter("always")
         generate_tokens(cuda_model, _prompts(3, 6), max_new_tokens=4, eos_token_id=[], compile=compile,
                         attn=path.TritonBackend(own_tiles=own_tiles))  # fmt: skip
-    if any("CUDA-graph capture of the decode step failed" in str(w.message) for w in caught):
-        pytest.skip("this model's steps decode eagerly (gpt-oss: a copy from the host inside the forward)")
+    if any("CUDA-graph capture of a round failed" in str(w.message) for w in caught):
+        pytest.skip("this model's rounds run eagerly (gpt-oss: a copy from the host inside the forward)")
     assert {name for name, _, _ in built} >= {"write_slots", "stream_attention_fwd"}
     assert [b for b in built if b[2] or b[1] == threading.current_thread().name] == []  # none at a launch
 
 
-def test_the_live_count_is_read_one_step_late():
-    """`LaggedCount`: the first call gives `first`, each later one the previous call's count (the current one's
-    kernels may still be queued)."""
-    from hf_parallel.engine.runner import LaggedCount
-
-    count = LaggedCount(torch.device("cuda"))
-    flags = [torch.tensor(f, device="cuda") for f in ([1, 1, 1], [1, 0, 1], [0, 0, 1], [0, 0, 0])]
-    got = [count.previous(f.bool(), first=3) for f in flags]
-    assert got == [3, 3, 2, 1]
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_the_prefill_launches_every_chunk_without_waiting_for_the_gpu(arch):
-    """`Runner.prefill` over `prefill_chunks` makes no call that waits for the GPU (CUDA's sync debug mode raises on
-    one), so the host launches each chunk while the GPU runs the one before; its logits are the one-chunk prefill's."""
-    from hf_parallel import GenerationOptions
-    from hf_parallel.attention import resolve_backend
-    from hf_parallel.engine.probe import check_support
-    from hf_parallel.engine.runner import Runner
-    from hf_parallel.row.layout import build_layout
-
-    model = tiny_model(arch).cuda()
-    prompts = _prompts(4, 6, doc_len=60)
-    generate_tokens(model, prompts, max_new_tokens=2, eos_token_id=[], prefill_chunk=16)  # kernels built, compiled
-    logits = {}
-    for size in (16, 4096):
-        opts = GenerationOptions.resolve(model, max_new_tokens=2, eos_token_id=[], prefill_chunk=size)
-        backend = resolve_backend("triton", model.device)
-        runner = Runner(model, build_layout(prompts, 2), opts, backend, check_support(model))
-        with runner.using_model(), torch.inference_mode():
-            chunks = runner.prefill_chunks()
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                logits[size] = runner.prefill(chunks)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        assert len(chunks) == 1 if size == 4096 else len(chunks) > 2
-    torch.testing.assert_close(logits[16], logits[4096], atol=1e-4, rtol=1e-4)
+@pytest.mark.parametrize("case", ["one row", "prefill chunks", "refill"])
+def test_a_calls_rounds_wait_for_the_gpu_only_to_read_the_round_before(case):
+    """A second call in a Session (its rounds captured by the first) runs its rounds with no call that waits for
+    the GPU (CUDA's sync debug mode raises on one): uploads go through pinned memory behind the queued work, plans
+    are made from host slots, and each round's tokens are read through an event a round late.  Its answers are
+    model.generate's, and it captures no graph the first did not."""
+    model = tiny_model("llama").cuda()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    prompts = _prompts(4, 12, doc_len=60) + _prompts(5, 6, doc_len=50)
+    free = [generate_alone(model, p, 12, None) for p in prompts]
+    eos = sorted({free[0][3], free[7][6], free[13][2]})
+    options = dict(max_new_tokens=12, eos_token_id=eos, attn="triton")
+    options.update({"prefill chunks": dict(prefill_chunk=16), "refill": dict(max_memory="2MiB", prefill_chunk=64)}
+                   .get(case, {}))  # fmt: skip
+    with Session(model) as session:
+        first = stream_tokens(model, prompts, session=session, **options)
+        dict(first)
+        streamed = stream_tokens(model, prompts, session=session, **options)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = dict(streamed)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert [got[i] for i in range(len(prompts))] == [generate_alone(model, p, 12, eos) for p in prompts]
+    assert first.stats.captures > 0 and streamed.stats.captures == 0
 
 
 @pytest.mark.parametrize("attn", ATTNS)
 def test_the_serving_engine_matches_generate(cuda_model, attn):
     """Requests joining a live row over time (captured decode rounds between arrivals, greedy rows chosen in one
     pass) each equal model.generate alone, on both attention paths."""
-    from hf_parallel.engine.probe import check_support
     from hf_parallel.engine.serving import Engine
 
     from .test_serving_engine import Collector
 
-    if check_support(cuda_model).recurrent:
-        pytest.skip("the serving engine refuses models with recurrent layers")
     torch.backends.cuda.matmul.allow_tf32 = False
     prompts = _prompts(9, 12) + _prompts(10, 6, doc_len=70)
     limits = [6 + i % 9 for i in range(len(prompts))]
@@ -275,3 +259,18 @@ def test_prompt_lookup_matches_generate(cuda_model, attn, graphs, monkeypatch):
     got = generate_tokens(cuda_model, prompts, max_new_tokens=16, eos_token_id=eos, prompt_lookup_num_tokens=6,
                           attn=attn, cuda_graphs=graphs)  # fmt: skip
     assert got == want
+
+
+def test_a_second_identical_call_with_drafts_captures_no_graph(monkeypatch):
+    """Verify forwards of each bucket of fed tokens are captured once: a second identical call in a Session replays
+    them all (a capture inside a timed call would cost it a forward's warm-up and the graph's instantiation)."""
+    model = tiny_model("llama").cuda()
+    prompts = _prompts(11, 10)
+    free = [generate_alone(model, p, 16, None) for p in prompts]
+    Oracle(prompts, free, every=5).install(monkeypatch)
+    options = dict(max_new_tokens=16, eos_token_id=[], prompt_lookup_num_tokens=6, attn="triton")
+    with Session(model) as session:
+        calls = [stream_tokens(model, prompts, session=session, **options) for _ in range(2)]
+        answers = [dict(call) for call in calls]
+    assert answers[0] == answers[1] == dict(enumerate(free))
+    assert calls[0].stats.captures > 0 and calls[1].stats.captures == 0

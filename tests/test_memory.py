@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_parallel import generate_tokens
-from hf_parallel.engine.patching import Support
+from hf_parallel.runner.patching import ModelProfile
 
 from .conftest import random_tokens
 
@@ -19,8 +19,8 @@ def test_cache_holds_one_copy_of_the_document(llama, n_questions, monkeypatch):
         doc + [3 + i] + random_tokens(question_len - 1, gen) for i in range(n_questions)
     ]  # no shared question prefix
     caches = []
-    build = Support.cache
-    monkeypatch.setattr(Support, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
+    build = ModelProfile.cache
+    monkeypatch.setattr(ModelProfile, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
     generate_tokens(llama, prompts, max_new_tokens=new, eos_token_id=[])
     cache = caches[-1]  # the call's (a first call on a model also builds one for its probe forward)
     assert cache.num_slots == len(doc) + n_questions * (question_len + new)

@@ -12,11 +12,11 @@ import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
 from hf_parallel.decoding.options import parse_memory
-from hf_parallel.engine.admission import Admission
-from hf_parallel.engine.budget import row_budget
-from hf_parallel.engine.patching import Support
-from hf_parallel.engine.probe import check_support
+from hf_parallel.engine.policies import Refill
 from hf_parallel.row.layout import build_layout
+from hf_parallel.runner.patching import ModelProfile
+from hf_parallel.runner.probe import check_support
+from hf_parallel.runner.sizing import size_row
 
 from .conftest import generate_alone, random_tokens, tiny_model
 
@@ -29,7 +29,7 @@ def max_memory_for(model, capacity: int, chunk: int = CHUNK) -> int:
     while lo < hi:
         mid = (lo + hi) // 2
         try:
-            fits = row_budget(model, support, chunk, mid).capacity >= capacity
+            fits = size_row(model, support, chunk, mid).capacity >= capacity
         except ValueError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid + 1, hi)
@@ -86,14 +86,14 @@ def test_triton_path_with_refill(monkeypatch):
     prompts = corpus(1, docs=2, questions=4)
     capacity = 60
     assert build_layout(prompts, NEW).num_slots >= 2 * capacity  # two rows' worth at least
-    admit, refills = Admission.admit, []
+    admit, refills = Refill.admit, []
 
     def admitting(self, live):
         admitted = admit(self, live)
         refills.extend([live] if admitted and live else [])
         return admitted
 
-    monkeypatch.setattr(Admission, "admit", admitting)
+    monkeypatch.setattr(Refill, "admit", admitting)
     eos = [generate_alone(model, prompts[1], NEW)[3]]
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",
                           max_memory=max_memory_for(model, capacity))  # fmt: skip
@@ -101,12 +101,13 @@ def test_triton_path_with_refill(monkeypatch):
     assert refills  # some prompts were admitted beside live streams
 
 
-def test_recurrent_layers_run_in_waves():
+@pytest.mark.parametrize("refill", [True, False])
+def test_recurrent_layers_are_refilled_or_run_in_waves(refill):
     model = tiny_model("qwen3_5_text")
     prompts = corpus(2, docs=4, questions=3)
     eos = [generate_alone(model, prompts[0], NEW)[4]]
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK,
-                          max_memory=max_memory_for(model, 70))  # fmt: skip
+                          max_memory=max_memory_for(model, 70), refill=refill)  # fmt: skip
     assert got == expected(model, prompts, eos)
 
 
@@ -142,14 +143,14 @@ def test_memory_sizes_parse():
 
 def test_nothing_of_a_call_outlives_it(llama, monkeypatch):
     """No reference cycle keeps a call's cache (or anything holding it) alive: it goes with the call, no gc."""
-    caches, build = [], Support.cache
+    caches, build = [], ModelProfile.cache
 
     def watched(self, num_slots):
         cache = build(self, num_slots)
         caches.append(weakref.ref(cache))
         return cache
 
-    monkeypatch.setattr(Support, "cache", watched)
+    monkeypatch.setattr(ModelProfile, "cache", watched)
     prompts = corpus(5, docs=2, questions=3)
     gc.collect()
     gc.disable()
@@ -167,4 +168,4 @@ def test_a_session_keeps_nothing_off_cuda_and_releases(llama):
         assert session.generate_tokens([[3, 4, 5]], max_new_tokens=3, eos_token_id=[]) == [
             generate_alone(llama, [3, 4, 5], 3)
         ]
-        assert session.row is None  # rows are kept for captured steps, on CUDA only
+        assert session.row is None  # rows are kept for captured rounds, on CUDA only

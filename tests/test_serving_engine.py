@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers.generation import LogitsProcessor
 
-from hf_parallel.engine.budget import row_budget
-from hf_parallel.engine.probe import check_support
 from hf_parallel.engine.serving import Engine, QueueFull
+from hf_parallel.runner.probe import check_support
+from hf_parallel.runner.sizing import size_row
 
 from .conftest import generate_alone, random_tokens, tiny_model
 
@@ -32,7 +32,7 @@ def engine_for(model, capacity: int, max_streams: int = 256, **options) -> Engin
     while lo < hi:
         mid = (lo + hi) // 2
         try:
-            fits = row_budget(model, support, CHUNK, mid, max_streams).capacity >= capacity
+            fits = size_row(model, support, CHUNK, mid, max_streams).capacity >= capacity
         except ValueError:
             fits = False
         lo, hi = (lo, mid) if fits else (mid + 1, hi)
@@ -246,9 +246,7 @@ def test_a_failing_forward_fails_the_row_and_the_engine_goes_on(model, monkeypat
     engine = engine_for(model, 300)
     try:
         calls = {"n": 0}
-        while engine.loop is None:  # made on the engine's thread
-            time.sleep(0.01)
-        runner = engine.loop.runner
+        runner = engine.core.runner
         forward = runner.forward
 
         def failing(*args, **kwargs):
@@ -322,9 +320,9 @@ def test_a_full_queue_refuses_and_the_model_is_free_when_idle(model):
 
 
 def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
-    """Requests that need only argmax and EOS share one pool of rows once started (one pass a round, not one per
+    """Requests that need only argmax and EOS share one group of rows once started (one pass a round, not one per
     request); a request with a processor keeps its own."""
-    from hf_parallel.engine.live import GreedyPool
+    from hf_parallel.engine.groups import GreedyGroup
 
     prompts = questions_about_one_document(seed=11, n=7, doc_len=30, question_len=3)
     engine = engine_for(model, 800)
@@ -335,9 +333,9 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
             engine.submit(prompt, {**options, **({"repetition_penalty": 1.2} if i == 6 else {})}, 1, c)
         while not all(len(c.tokens.get(0, [])) >= 3 for c in collectors):
             time.sleep(0.001)
-        kinds = sorted(type(c).__name__ for c in list(engine.loop.cohorts))
-        pool = next(c for c in engine.loop.cohorts if isinstance(c, GreedyPool))
-        assert kinds == ["Cohort", "GreedyPool"] and len(pool.streams) == 6
+        kinds = sorted(type(g).__name__ for g in list(engine.core.groups))
+        pool = next(g for g in engine.core.groups if isinstance(g, GreedyGroup))
+        assert kinds == ["GreedyGroup", "ProcessedGroup"] and len(pool.streams) == 6
         for c in collectors:
             c.wait()
         engine.wait_idle(TIMEOUT)
@@ -347,9 +345,26 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
         engine.close(10)
 
 
-def test_a_model_with_recurrent_layers_is_refused_by_name():
-    with pytest.raises(NotImplementedError, match="recurrent layers"):
-        Engine(tiny_model("qwen3_5_text"), max_memory="64MiB")
+@pytest.mark.parametrize("arch", ["qwen3_next", "falcon_h1"])
+def test_models_with_recurrent_layers_are_served_as_alone(arch):
+    """A hybrid model's requests, arriving over time and sharing a document: each stream carries its own
+    recurrent state (a lane of the pool), each answer is model.generate's alone."""
+    hybrid = tiny_model(arch)
+    gen = torch.Generator().manual_seed(13)
+    doc = random_tokens(24, gen)
+    prompts = [doc + random_tokens(2 + i % 3, gen) for i in range(6)] + [random_tokens(9, gen)]
+    want = [generate_alone(hybrid, p, 4 + i % 4, eos=[]) for i, p in enumerate(prompts)]
+    engine = engine_for(hybrid, 400, max_streams=4)
+    try:
+        collectors = []
+        for i, prompt in enumerate(prompts):
+            collectors.append(Collector())
+            engine.submit(prompt, dict(max_new_tokens=4 + i % 4, eos_token_id=[]), 1, collectors[-1])
+            if i == 3:
+                collectors[0].wait()  # later requests join a row that is decoding
+        assert [c.wait().tokens[0] for c in collectors] == want
+    finally:
+        engine.close(10)
 
 
 def test_rounds_record_no_autograd_graph(model):

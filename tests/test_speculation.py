@@ -13,11 +13,10 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from hf_parallel import generate_tokens
+from hf_parallel import generate_tokens, stream_tokens
 from hf_parallel.decoding import sampling
 from hf_parallel.decoding.drafting import PromptLookup, Speculation
-from hf_parallel.engine import speculative
-from hf_parallel.engine.serving import Engine
+from hf_parallel.engine import groups
 
 from .conftest import ARCHITECTURES, VOCAB, generate_alone, random_tokens, tiny_model
 from .test_generation_options import (
@@ -68,18 +67,12 @@ class Oracle:
         monkeypatch.setattr(PromptLookup, "draft", draft)
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """(tokens decided, stream forwards) of every speculative run."""
-    runs, run = [], speculative.SpeculativeDecode.run
-
-    def counting(self, logits):
-        out = run(self, logits)
-        runs.append((sum(map(len, out)), self.stream_forwards))
-        return out
-
-    monkeypatch.setattr(speculative.SpeculativeDecode, "run", counting)
-    return runs
+def counted(model, prompts, **options) -> tuple[list[list[int]], int, int]:
+    """`generate_tokens`' answers, with the tokens the call decided and the streams it fed over all its forwards
+    (`stream_tokens`' stats): tokens over stream forwards is what a stream gets a forward."""
+    streamed = stream_tokens(model, prompts, **options)
+    answers = dict(streamed)
+    return [answers[i] for i in range(len(answers))], streamed.stats.tokens, streamed.stats.stream_forwards
 
 
 # -- the drafts are transformers' --
@@ -110,20 +103,20 @@ def test_drafts_are_transformers_prompt_lookup(k, ngram):
 
 
 @pytest.mark.parametrize("arch", ATTENTION)
-def test_prompt_lookup_matches_generate_on_every_architecture(arch, monkeypatch, counted):
+def test_prompt_lookup_matches_generate_on_every_architecture(arch, monkeypatch):
     model = tiny_model(arch)
     prompts = prompts_with_repeats()
     want = [generate_alone(model, p, NEW) for p in prompts]
     assert generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=4) == want
     Oracle(prompts, want).install(monkeypatch)
-    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=6)
+    got, tokens, stream_forwards = counted(model, prompts, max_new_tokens=NEW, eos_token_id=[],
+                                           prompt_lookup_num_tokens=6)  # fmt: skip
     assert got == want
-    tokens, stream_forwards = counted[-1]
     assert tokens >= 2 * stream_forwards  # the oracle's drafts were accepted: fewer forwards than tokens
 
 
 @pytest.mark.parametrize("attn", ["reference", "triton"])
-def test_streams_stop_inside_drafts_at_eos(attn, monkeypatch, counted):
+def test_streams_stop_inside_drafts_at_eos(attn, monkeypatch):
     pytest.importorskip("triton") if attn == "triton" else None
     model, prompts = tiny_model("llama"), prompts_with_repeats(1, questions=6)
     free = [generate_alone(model, p, NEW) for p in prompts]
@@ -193,13 +186,14 @@ def test_processors_apply_at_every_accepted_position(case, monkeypatch):
     assert generate_tokens(model, prompts, prompt_lookup_num_tokens=5, **options) == want
 
 
-def test_generation_config_and_kwargs_carry_prompt_lookup(monkeypatch, counted):
+def test_generation_config_and_kwargs_carry_prompt_lookup(monkeypatch):
     model, prompts = model_with(), prompts_with_repeats(6)
     want = [generate_alone(model, p, NEW) for p in prompts]
     Oracle(prompts, want).install(monkeypatch)
     config = GenerationConfig(prompt_lookup_num_tokens=4, max_matching_ngram_size=1, do_sample=False)
-    got = generate_tokens(model, prompts, generation_config=config, max_new_tokens=NEW, eos_token_id=[])
-    assert got == want and counted  # decoded speculatively
+    got, tokens, stream_forwards = counted(model, prompts, generation_config=config, max_new_tokens=NEW,
+                                           eos_token_id=[])  # fmt: skip
+    assert got == want and tokens >= 2 * stream_forwards  # decoded speculatively
     assert config.prompt_lookup_num_tokens == 4  # the user's config untouched
 
 
@@ -213,30 +207,22 @@ def test_sampled_distributions_with_drafts(monkeypatch):
     options = dict(max_new_tokens=10, eos_token_id=[], seed=0)
     free = generate_tokens(model, prompts, **options)  # drafts that sampling will often agree with
     Oracle(prompts, free, every=6).install(monkeypatch)
-    seen, rows = [], list(range(len(prompts)))  # per draw: (stream, answer length, processed scores)
-    draw = sampling.Sampler.__call__
-    processing_keep = speculative.Processing.keep
+    seen, current = [], []  # per draw: (stream, answer length, processed scores); the group verifying
+    draw, verify = sampling.Sampler.__call__, groups.ProcessedGroup.verify
 
     def recording(self, scores):
-        proc = current[0]
+        group = current[0]
+        proc = group.processors
         lengths = proc.lengths if proc.lengths is not None else [proc.length] * len(scores)
-        seen.extend((rows[r], int(lengths[r]), scores[r]) for r in range(len(scores)))
+        seen.extend((group.streams[r].index, int(lengths[r]), scores[r]) for r in range(len(scores)))
         return draw(self, scores)
 
-    def keep(self, running):
-        rows[:] = [s for s, k in zip(rows, running.tolist()) if k]
-        return processing_keep(self, running)
+    def verifying(self, logits, drafts):
+        current[:] = [self]
+        return verify(self, logits, drafts)
 
-    current = []
-    init = speculative.SpeculativeDecode.__init__
-
-    def remember(self, runner, spec):
-        init(self, runner, spec)
-        current.append(self.processing)
-
-    monkeypatch.setattr(speculative.SpeculativeDecode, "__init__", remember)
+    monkeypatch.setattr(groups.ProcessedGroup, "verify", verifying)
     monkeypatch.setattr(sampling.Sampler, "__call__", recording)
-    monkeypatch.setattr(speculative.Processing, "keep", keep)
     got = generate_tokens(model, prompts, prompt_lookup_num_tokens=4, **options)
     last = {}  # (stream, length) -> the scores of its last draw: the one its accepted token came from
     for stream, length, scores in seen:
@@ -282,17 +268,16 @@ def test_bad_speculation_options(llama, options, error):
 
 @pytest.mark.parametrize("arch, assistant", [("llama", "same"), ("llama", "other"), ("qwen2", "other"),
                                              ("gpt_oss", "same")])  # fmt: skip
-def test_assistant_drafts_match_generate(arch, assistant, counted):
+def test_assistant_drafts_match_generate(arch, assistant):
     model = tiny_model(arch)
     helper = model if assistant == "same" else tiny_model("mistral")  # another architecture, the same vocabulary
     prompts = prompts_with_repeats(8)
     free = [generate_alone(model, p, NEW) for p in prompts]
     eos = [free[1][6], free[3][3]]
     want = [generate_alone(model, p, NEW, eos=eos) for p in prompts]
-    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, assistant_model=helper,
-                          num_assistant_tokens=5)  # fmt: skip
+    got, tokens, stream_forwards = counted(model, prompts, max_new_tokens=NEW, eos_token_id=eos,
+                                           assistant_model=helper, num_assistant_tokens=5)  # fmt: skip
     assert got == want
-    tokens, stream_forwards = counted[-1]
     if assistant == "same":  # its own drafts are always right: a forward decides up to 6 tokens of a stream
         assert tokens >= 4 * stream_forwards
 
@@ -316,8 +301,3 @@ def transformers_model_with_vocab(vocab: int):
     config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                       intermediate_size=64, max_position_embeddings=256)  # fmt: skip
     return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
-def test_the_serving_engine_refuses_drafts(llama):
-    with pytest.raises(NotImplementedError, match="one token a stream a round"):
-        Engine(llama, prompt_lookup_num_tokens=3)

@@ -24,14 +24,13 @@ if not CUDA:  # @triton.jit picks the interpreter at decoration time: set it bef
     os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
-from hf_parallel import GenerationOptions, generate_tokens  # noqa: E402
+from hf_parallel import generate_tokens  # noqa: E402
 from hf_parallel.attention import launcher  # noqa: E402
 from hf_parallel.attention import tiles as tile_plans  # noqa: E402
 from hf_parallel.attention import triton as triton_path  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
 from hf_parallel.attention.triton import TritonBackend  # noqa: E402
-from hf_parallel.engine.probe import check_support  # noqa: E402
-from hf_parallel.engine.runner import Runner  # noqa: E402
+from hf_parallel.engine.generate import generate_layout  # noqa: E402
 from hf_parallel.kernels import prebuild  # noqa: E402
 from hf_parallel.kernels import stream_attention as kernels  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402
@@ -374,19 +373,19 @@ def test_plan_scans_exactly_the_visible_slots(seed, interleaved, streams_per_til
 
 def _row_layouts(rng: random.Random):
     """Stream-major layouts of random prefix trees, built at once and as rows whose prompts came and went."""
-    from hf_parallel.row.forest import Forest
+    from hf_parallel.row.prefix_tree import PrefixTree
 
     yield build_layout(random_tree_prompts(rng), max_new_tokens=rng.randint(1, 5))
     prompts = random_tree_prompts(rng) + random_tree_prompts(rng)
-    forest, resident = Forest(capacity=rng.randint(40, 120)), []
+    forest, resident = PrefixTree(rng.randint(40, 120)), []
     for index, prompt in enumerate(prompts):
-        if forest.admit(index, prompt, 3) is not None:
+        if forest.place(index, prompt, 3) is not None:
             resident.append(index)
         if resident and rng.random() < 0.3:
             forest.release(resident.pop(rng.randrange(len(resident))))
             forest.collect()
     if resident:
-        yield forest.snapshot(3)
+        yield forest.snapshot()
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -394,20 +393,20 @@ def test_refilled_rows_match_the_reference(seed):
     """Rows whose prompts came and went place a question before its document's slots, or a document in several
     free regions: the kernel sees ancestors wherever they lie, for prefill chunks, decode steps and mixed
     forwards (keys up to the row's extent)."""
-    from hf_parallel.row.forest import Forest
+    from hf_parallel.row.prefix_tree import PrefixTree
 
     rng = random.Random(seed)
-    forest, doc = Forest(capacity=4 * DOC), random_tokens(DOC + 3, torch.Generator().manual_seed(seed))
+    forest, doc = PrefixTree(4 * DOC), random_tokens(DOC + 3, torch.Generator().manual_seed(seed))
     for i in range(4):  # four short prompts fill the row; the first and third leave
-        forest.admit(i, [100 + i] * (DOC - 3), 3)
+        forest.place(i, [100 + i] * (DOC - 3), 3)
     for i in (0, 2):
         forest.release(i)
     forest.collect()
-    forest.admit(4, doc + [5], 3)  # the document in two free regions, its answer room in a third piece of one
+    forest.place(4, doc + [5], 3)  # the document in two free regions, its answer room in a third piece of one
     forest.release(1)
     forest.collect()
-    forest.admit(5, doc + [6, 7], 3)  # its next question wherever it fits, here before the document
-    layouts = [forest.snapshot(3)] + list(_row_layouts(rng))[1:]
+    forest.place(5, doc + [6, 7], 3)  # its next question wherever it fits, here before the document
+    layouts = [forest.snapshot()] + list(_row_layouts(rng))[1:]
     parents = [(s.slot_start, layouts[0].segments[s.parent].slot_start) for s in layouts[0].segments if s.parent >= 0]
     assert any(start < parent for start, parent in parents)  # a segment before its ancestor's slots
     for layout in layouts:
@@ -464,9 +463,8 @@ def test_own_split_generates_as_model_generate():
     gen = torch.Generator().manual_seed(3)
     doc = random_tokens(30, gen)
     prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]
-    opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
-                                     attn=TritonBackend(own_tiles="serial"))  # fmt: skip
-    got = Runner(model, build_layout(prompts, 6), opts, opts.attn, check_support(model)).run()
+    got = generate_layout(model, build_layout(prompts, 6), max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
+                          attn=TritonBackend(own_tiles="serial"))  # fmt: skip
     assert got == [generate_alone(model, p, 6) for p in prompts]
 
 
@@ -701,11 +699,10 @@ def test_long_documents_generate_as_model_generate():
     """Prefill through causal SDPA (document tokens) and the kernel (questions), then decode: == model.generate."""
     model = tiny_model("llama").to(DEVICE)
     _, prompts = two_documents(seed=5, max_new_tokens=5)
-    opts = GenerationOptions.resolve(model, max_new_tokens=5, eos_token_id=[], cuda_graphs=False, attn="triton",
-                                     prefill_chunk=RUN + 100)  # fmt: skip
     layout = build_layout(prompts, 5)
     assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100], RUN)  # the SDPA path does run
-    got = Runner(model, layout, opts, run_backend(), check_support(model)).run()
+    got = generate_layout(model, layout, max_new_tokens=5, eos_token_id=[], cuda_graphs=False, attn=run_backend(),
+                          prefill_chunk=RUN + 100)  # fmt: skip
     assert got == [generate_alone(model, p, 5) for p in prompts]
 
 
@@ -729,9 +726,7 @@ def test_generate_matches_model_generate(arch, options):
     doc = random_tokens(30, gen)
     prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)] + [random_tokens(5, gen)]  # and a second root
     # eager decode: CUDA-graph capture of this path is the generation loop's business, tested there
-    opts = GenerationOptions.resolve(model, max_new_tokens=6, eos_token_id=[], cuda_graphs=False,
-                                     attn=TritonBackend(options.get("streams_per_tile"),
-                                                        own_tiles=options.get("own_tiles", "auto")))  # fmt: skip
+    backend = TritonBackend(options.get("streams_per_tile"), own_tiles=options.get("own_tiles", "auto"))
     layout = build_layout(prompts, 6, interleaved=options.get("interleaved", False))
-    got = Runner(model, layout, opts, opts.attn, check_support(model)).run()
+    got = generate_layout(model, layout, max_new_tokens=6, eos_token_id=[], cuda_graphs=False, attn=backend)
     assert got == [generate_alone(model, p, 6) for p in prompts]

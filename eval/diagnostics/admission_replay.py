@@ -1,11 +1,11 @@
 """Replay continuous refill's admissions on a corpus_bench workload, without a model: decode rounds, live streams.
 
 Every stream decodes one token a round for its coded answer length; the row admits prompts as
-`hf_parallel.engine.admission.Admission` decides (the engine's own policy and allocator), with refill
+`hf_parallel.engine.policies.Refill` (or `Waves`) decides (the engine's own policy and prefix tree), with refill
 and as static waves.  The counts say what a schedule can gain before any forward runs: rounds
 (forwards), mean live streams, rounds that admit prompts (eager forwards with prefill and decode
-together), the mean number of cohorts live in a round (streams admitted in one round choose their
-tokens together: one pass of generate's processors per cohort and round) and prompt tokens
+together), the mean number of cohorts live in a round (streams admitted in one round with processors choose
+their tokens together: one pass of generate's processors per cohort and round) and prompt tokens
 prefilled (documents copied count again).  A round's admissions are
 counted as prefilled in that round, whatever the prefill chunk.
 
@@ -32,52 +32,42 @@ sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scrip
 
 from corpus_bench import workload  # noqa: E402
 
-from hf_parallel.engine.admission import Admission  # noqa: E402
-from hf_parallel.engine.budget import RowBudget  # noqa: E402
-
-
-class ExactRoom(Admission):
-    """An oracle: each prompt's answer room is its own answer's length, not the longest (an upper bound for answer
-    room that grows as the answer does)."""
-
-    def __init__(self, targets: list[int], *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.targets = targets
-
-    def _place(self, group, live):
-        self.room = self.targets[group[0]]
-        return super()._place(group, live)
+from hf_parallel.engine.policies import Refill, Waves  # noqa: E402
+from hf_parallel.engine.streams import Request  # noqa: E402
+from hf_parallel.row.prefix_tree import PrefixTree  # noqa: E402
+from hf_parallel.runner.sizing import RowSize  # noqa: E402
 
 
 def replay(prompts, targets, groups, doc_len: int, capacity: int, streams: int, refill: bool,
            exact_room: bool = False) -> dict:  # fmt: skip
-    budget = RowBudget(capacity, streams, 0)
-    if exact_room:
-        admission = ExactRoom(targets, prompts, groups, max(targets), budget, refill)
-    else:
-        admission = Admission(prompts, groups, max(targets), budget, refill)
-    live: dict[int, int] = {}  # stream -> tokens still to decode
-    cohort: dict[int, int] = {}  # stream -> the round it was admitted in (the engine's `Cohort`)
+    policy = (Refill if refill else Waves)(PrefixTree(capacity), RowSize(capacity, streams, 0))
+    index_of = []  # each stream key's prompt
+    for g, members in enumerate(groups):
+        for index in members:
+            policy.add(Request(prompts[index], None, 1, targets[index] if exact_room else max(targets), group=g))
+            index_of.append(index)
+    live: dict[int, object] = {}  # stream key -> the stream
+    left: dict[int, int] = {}  # stream key -> tokens still to decode
+    cohort: dict[int, int] = {}  # stream key -> the round it was admitted in
     rounds = admitting = prefilled = live_sum = cohort_sum = own_slots = doc_slots = 0
     group_of = {index: g for g, members in enumerate(groups) for index in members}
-    while admission.waiting or live:
-        admitted = admission.admit(len(live))
+    while policy.waiting() or live:
+        admitted = policy.admit(len(live))
         admitting += bool(admitted)
-        for node in admission.forest.pending():
+        for node in policy.tree.pending():
             prefilled += len(node.tokens) - node.written
             node.written = len(node.tokens)
-        live.update((index, targets[index]) for index, _ in admitted)
-        cohort.update((index, rounds) for index, _ in admitted)
-        rounds, live_sum, cohort_sum = rounds + 1, live_sum + len(live), cohort_sum + len({cohort[i] for i in live})
+        for stream in admitted:
+            live[stream.key], left[stream.key], cohort[stream.key] = stream, targets[index_of[stream.key]], rounds
+        rounds, live_sum, cohort_sum = rounds + 1, live_sum + len(live), cohort_sum + len({cohort[k] for k in live})
         # this round's reads: each live stream's question and answer so far (the new token's slot included), and
         # each document some live stream sees
-        own_slots += sum(len(prompts[i]) - doc_len + targets[i] - left + 1 for i, left in live.items())
-        doc_slots += doc_len * len({group_of[i] for i in live})
-        for index in list(live):
-            live[index] -= 1
-            if not live[index]:
-                del live[index]
-                admission.release(index)
+        own_slots += sum(len(prompts[index_of[k]]) - doc_len + targets[index_of[k]] - left[k] + 1 for k in live)
+        doc_slots += doc_len * len({group_of[index_of[k]] for k in live})
+        for key in list(live):
+            left[key] -= 1
+            if not left[key]:
+                policy.release(live.pop(key))
     return {"rounds": rounds, "mean_live": round(live_sum / rounds, 1), "admitting_rounds": admitting,
             "mean_cohorts": round(cohort_sum / rounds, 1), "prompt_tokens_prefilled": prefilled,
             "own_slots_read": own_slots, "document_slots_read": doc_slots}  # fmt: skip

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     doc = [rng.randrange(config.vocab_size) for _ in range(args.doc)]
     for n in args.questions:
         prompts = [doc + [rng.randrange(config.vocab_size) for _ in range(12)] for _ in range(n)]
-        checks = best_of(lambda p=prompts: generate.Call.prepare(model, p, dict(max_new_tokens=128), None),
+        checks = best_of(lambda p=prompts: generate.Generation.prepare(model, p, dict(max_new_tokens=128), None),
                          args.repeats)  # fmt: skip
         layout = best_of(lambda p=prompts: build_layout(p, 128), args.repeats)
         print(f"{n} prompts of {args.doc + 12} tokens: input checks {checks * 1e3:.0f} ms, "

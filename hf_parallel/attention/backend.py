@@ -46,11 +46,12 @@ class StaticPlan:
         self.backend, self.bucket = backend, bucket
 
     def plan(self, row: Row, q_slot: torch.Tensor) -> AttentionPlan:
-        """The captured forward's plan; q_slot: [bucket] int64, the step's static slot buffer."""
+        """The captured forward's plan; q_slot: [bucket] int64, the round's static slot buffer."""
         return self.backend.plan(row, q_slot, kv_len=row.capacity)
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
-        """Rewrite the buffers for the streams now live; ValueError when they cannot hold them (capture again)."""
+        """Rewrite the buffers for the queries at `q_slot` [bucket] (host), before a replay whose queries changed;
+        ValueError when they cannot hold them (capture again)."""
 
 
 class AttentionBackend:
@@ -70,7 +71,8 @@ class AttentionBackend:
         raise NotImplementedError
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> AttentionPlan:
-        """The plan of a forward over the tokens written at `q_slot` [N] (host work allowed)."""
+        """The plan of a forward over the tokens written at `q_slot` [N] (host work allowed; host slots spare the
+        planner a wait for the GPU)."""
         return AttentionPlan.for_slots(q_slot, row.ids, kv_len)
 
     def static_plan(self, row: Row, bucket: int) -> StaticPlan:

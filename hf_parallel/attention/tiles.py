@@ -23,6 +23,7 @@ import torch
 import triton
 
 from ..row.layout import Layout
+from ..row.plan import upload
 
 MAX_BLOCK_M = 128  # rows per tile: registers for q and acc bound it
 MIN_DOT_ROWS = 16  # tl.dot's fewest rows
@@ -124,11 +125,12 @@ class TilePlan:
                 f"plan has block_m={plan.block_m}, group={plan.group}; the buffers {self.block_m}, {self.group}"
             )
         tiles, ranges = plan.num_tiles, plan.ranges.shape[0]
-        if tiles > self.num_tiles or ranges > self.ranges.shape[0]:
+        if tiles > self.num_tiles or ranges > self.ranges.shape[0] or plan.max_tile_ranges > self.max_tile_ranges:
             raise ValueError(
-                f"plan needs {tiles} tiles and {ranges} ranges; the buffers hold "
-                f"{self.num_tiles} and {self.ranges.shape[0]}"
+                f"plan needs {tiles} tiles and {ranges} ranges, {plan.max_tile_ranges} a tile; the buffers hold "
+                f"{self.num_tiles} and {self.ranges.shape[0]}, {self.max_tile_ranges} a tile"
             )
+        plan = plan.to(self.tile_query.device)
         self.tile_query[:tiles].copy_(plan.tile_query)
         self.tile_query[tiles:].fill_(-1)
         self.range_ptr[: tiles + 1].copy_(plan.range_ptr)
@@ -139,7 +141,7 @@ class TilePlan:
 
     def to(self, device) -> TilePlan:
         tensors = (self.tile_query, self.range_ptr, self.ranges, self.limits)
-        return TilePlan(*(t.to(device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
+        return TilePlan(*(upload(t, device) for t in tensors), self.block_m, self.group, self.max_tile_ranges)
 
 
 def build_tile_plan(

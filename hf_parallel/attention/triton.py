@@ -64,13 +64,14 @@ class TritonStaticPlan:
         return TritonPlan.for_slots(q_slot, row.ids, kv_len=row.capacity, tiles=self.tiles, own_tiles=self.own)
 
     def update(self, row: Row, q_slot: torch.Tensor) -> None:
-        """Rewrite the buffers for the streams live at `q_slot` [bucket]; ValueError when they cannot hold them."""
+        """Rewrite the buffers for the queries at `q_slot` [bucket] (host); ValueError when they cannot hold them."""
         part = "shared" if self.split else "all"
-        host = q_slot.cpu()  # once for both plans: the planners read the slots on the host
-        tiles = build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
-        self.tiles.fill_(tiles.to(q_slot.device))
+        host = q_slot.cpu()  # the planners read the slots on the host
+        self.tiles.fill_(
+            build_tile_plan(row.layout, host, row.group, self.tiles.block_m, self.streams_per_tile, part=part)
+        )
         if self.split:
-            self.own.fill_(own_plan(row, host, self.own.block_m).to(q_slot.device))
+            self.own.fill_(own_plan(row, host, self.own.block_m))
 
 
 class TritonBackend(AttentionBackend):
@@ -156,7 +157,7 @@ class TritonBackend(AttentionBackend):
         )
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
-        host = q_slot.cpu()  # once for every planner below, which read the slots on the host
+        host = q_slot.cpu()  # once for every planner below, which read the slots on the host (pass host slots)
         args = (row.layout, host, row.group, None, self.streams_per_tile, row.device)
         if self.splits(row) and _one_query_per_stream(row.layout, host):
             return TritonPlan.for_slots(

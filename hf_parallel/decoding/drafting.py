@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 NAMES = ("prompt_lookup_num_tokens", "max_matching_ngram_size")  # generate's names for prompt-lookup decoding
 
 
@@ -92,6 +94,25 @@ class PromptLookup:
                         return draft[:i]
                 return draft
         return []
+
+
+def shared_prefixes(prompts: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """For each prompt, (a key, the prefix it shares with every other prompt of its first token): a document's
+    tokens, which `PromptLookup` indexes once for all the streams that read it."""
+    groups: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(prompt[0], []).append(i)
+    shared = [None] * len(prompts)
+    for first, members in groups.items():
+        prefix = prompts[members[0]]
+        for i in members[1:]:
+            n = min(len(prefix), len(prompts[i]))
+            if prefix[:n] != prompts[i][:n]:
+                n = int(np.flatnonzero(np.asarray(prefix[:n]) != np.asarray(prompts[i][:n]))[0])
+            prefix = prefix[:n]
+        for i in members:
+            shared[i] = (first, prefix if len(members) > 1 else [])
+    return shared
 
 
 def _first_starts(tokens: list[int], max_ngram: int) -> dict[tuple, int]:

@@ -22,7 +22,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria
 from ..attention import BACKENDS, AttentionBackend
 from .drafting import NAMES as SPECULATION_NAMES
 from .drafting import Speculation
-from .generate_request import GenerateRequest
+from .generate_args import GenerateArgs
 
 DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
 OWN = (
@@ -69,7 +69,7 @@ OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_
 class GenerationOptions:
     """What `generate_tokens` honours.  Generate's options default as in `model.generate`.
 
-    request:           generate's options as given (GenerationConfig names, generation_config=,
+    generate:          generate's options as given (GenerationConfig names, generation_config=,
                        logits_processor=, stopping_criteria=, prefix_allowed_tokens_fn=); each prompt's
                        processors and criteria are what generate builds from them for that prompt alone.
     generation_config: the merged config generate decodes with (kwargs > generation_config= > the model's);
@@ -106,7 +106,7 @@ class GenerationOptions:
                        computed once.
     """
 
-    request: GenerateRequest = field(default_factory=GenerateRequest)
+    generate: GenerateArgs = field(default_factory=GenerateArgs)
     generation_config: GenerationConfig | None = None
     max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
     tokenizer: object = None
@@ -126,8 +126,8 @@ class GenerationOptions:
         if self.compile is None:  # unset, as generate's None: the default
             self.compile = "auto"
         _check_types(self)
-        _refuse_other_methods(self.request)
-        requested = self.request.kwargs.get("max_new_tokens", self.max_new_tokens)
+        _refuse_other_methods(self.generate)
+        requested = self.generate.kwargs.get("max_new_tokens", self.max_new_tokens)
         if requested is not None and requested < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {requested}")
         if isinstance(self.attn, str) and self.attn != "auto" and self.attn not in BACKENDS:
@@ -142,13 +142,13 @@ class GenerationOptions:
     def resolve(cls, model: PreTrainedModel, **user) -> GenerationOptions:
         """`user`'s options over `model`'s generation config, merged and validated by generate itself; refuses as the
         module docstring says (stop_strings without a tokenizer: ValueError)."""
-        opts = cls(request=_request(user), **{k: v for k, v in user.items() if k in OWN})
-        speculation = _take_speculation(opts.request, opts.adaptive_drafts)
+        opts = cls(generate=_generate_args(user), **{k: v for k, v in user.items() if k in OWN})
+        speculation = _take_speculation(opts.generate, opts.adaptive_drafts)
         if opts.assistant_model is not None:
-            speculation = _assisted(opts.request, speculation, opts.adaptive_drafts)
-        _default_length(model, opts.request)
-        opts.request.stop_criterion = _stop_criterion(model, opts.request, opts.tokenizer)
-        config = opts.request.config(model)
+            speculation = _assisted(opts.generate, speculation, opts.adaptive_drafts)
+        _default_length(model, opts.generate)
+        opts.generate.stop_criterion = _stop_criterion(model, opts.generate, opts.tokenizer)
+        config = opts.generate.config(model)
         mode = config.get_generation_mode()
         if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
             raise NotImplementedError(
@@ -175,7 +175,7 @@ class GenerationOptions:
         return self.prefill_chunk or backend.prefill_chunk
 
 
-def _request(user: dict) -> GenerateRequest:
+def _generate_args(user: dict) -> GenerateArgs:
     """generate's options out of `user`, checking every name first (generate would misreport unknown ones)."""
     known = set(OWN) | set(GENERATE_ARGUMENTS) | CONFIG_FIELDS
     refused = [k for k in REFUSED_ARGUMENTS if k in user] + [k for k in OUTPUTS if user.get(k)]
@@ -195,21 +195,21 @@ def _request(user: dict) -> GenerateRequest:
     for name in ("logits_processor", "stopping_criteria"):
         if name in args:
             args[name] = list(args[name])
-    return GenerateRequest(kwargs=kwargs, **args)
+    return GenerateArgs(kwargs=kwargs, **args)
 
 
-def _take_speculation(request: GenerateRequest, adaptive: bool) -> Speculation | None:
-    """Prompt lookup's options out of the request (kwargs > generation_config=), which then decodes as greedy
+def _take_speculation(args: GenerateArgs, adaptive: bool) -> Speculation | None:
+    """Prompt lookup's options out of generate's arguments (kwargs > generation_config=), which then decodes as greedy
     decoding or sampling would; None where prompt_lookup_num_tokens is not set."""
     values = {}
-    config = request.generation_config
+    config = args.generation_config
     for name in SPECULATION_NAMES:
-        if name in request.kwargs:
-            values[name] = request.kwargs.pop(name)
+        if name in args.kwargs:
+            values[name] = args.kwargs.pop(name)
         elif config is not None and getattr(config, name, None) is not None:
             values[name] = getattr(config, name)
     if config is not None and any(getattr(config, name, None) is not None for name in SPECULATION_NAMES):
-        request.generation_config = config = copy.deepcopy(config)
+        args.generation_config = config = copy.deepcopy(config)
         for name in SPECULATION_NAMES:
             setattr(config, name, None)
     if values.get("prompt_lookup_num_tokens") is None:
@@ -217,19 +217,19 @@ def _take_speculation(request: GenerateRequest, adaptive: bool) -> Speculation |
     return Speculation(values["prompt_lookup_num_tokens"], values.get("max_matching_ngram_size") or 2, adaptive)
 
 
-def _assisted(request: GenerateRequest, lookup: Speculation | None, adaptive: bool) -> Speculation:
+def _assisted(args: GenerateArgs, lookup: Speculation | None, adaptive: bool) -> Speculation:
     """An assistant model's drafts: `num_assistant_tokens` (kwargs > generation_config=, else generate's 20) a
     forward; prompt lookup and an assistant at once are refused, as generate refuses them."""
     if lookup is not None:
         raise ValueError("prompt_lookup_num_tokens and assistant_model choose two ways to draft: give one")
-    tokens = request.kwargs.pop("num_assistant_tokens", None)
-    if tokens is None and request.generation_config is not None:
-        tokens = request.generation_config.num_assistant_tokens
+    tokens = args.kwargs.pop("num_assistant_tokens", None)
+    if tokens is None and args.generation_config is not None:
+        tokens = args.generation_config.num_assistant_tokens
     return Speculation(tokens if tokens is not None else 20, adaptive=adaptive, assistant=True)
 
 
-def _refuse_other_methods(request: GenerateRequest) -> None:
-    sources = [request.kwargs] + ([vars(request.generation_config)] if request.generation_config else [])
+def _refuse_other_methods(args: GenerateArgs) -> None:
+    sources = [args.kwargs] + ([vars(args.generation_config)] if args.generation_config else [])
     for source in sources:
         for name, neutral in OTHER_METHODS.items():
             if source.get(name) not in (None, neutral):
@@ -244,36 +244,36 @@ def _methods(config: GenerationConfig) -> str:
     return ", ".join(f"{k}={getattr(config, k)!r}" for k in names) or "nothing else"
 
 
-def _default_length(model: PreTrainedModel, request: GenerateRequest) -> None:
+def _default_length(model: PreTrainedModel, args: GenerateArgs) -> None:
     """DEFAULT_MAX_NEW_TOKENS where no length is set anywhere (where generate would give 20 new tokens)."""
-    configs = [request.generation_config, getattr(model, "generation_config", None)]
-    sources = [request.kwargs] + [vars(c) for c in configs if c is not None]
+    configs = [args.generation_config, getattr(model, "generation_config", None)]
+    sources = [args.kwargs] + [vars(c) for c in configs if c is not None]
     if any(s.get(k) is not None for s in sources for k in ("max_new_tokens", "max_length")):
         return
-    if request.generation_config is None:
-        request.kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
+    if args.generation_config is None:
+        args.kwargs["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
     else:  # on a copy of the user's config: a kwarg beside it would draw generate's deprecation warning
-        request.generation_config = copy.deepcopy(request.generation_config)
-        request.generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+        args.generation_config = copy.deepcopy(args.generation_config)
+        args.generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
 
 
-def _stop_strings(model: PreTrainedModel, request: GenerateRequest):
+def _stop_strings(model: PreTrainedModel, args: GenerateArgs):
     """stop_strings as generate merges them: kwargs > generation_config= > the model's."""
-    if "stop_strings" in request.kwargs:
-        return request.kwargs["stop_strings"]
-    for config in (request.generation_config, getattr(model, "generation_config", None)):
+    if "stop_strings" in args.kwargs:
+        return args.kwargs["stop_strings"]
+    for config in (args.generation_config, getattr(model, "generation_config", None)):
         if config is not None and getattr(config, "stop_strings", None) is not None:
             return config.stop_strings
     return None
 
 
-def _stop_criterion(model: PreTrainedModel, request: GenerateRequest, tokenizer):
+def _stop_criterion(model: PreTrainedModel, args: GenerateArgs, tokenizer):
     """The StopStringCriteria generate would build (once per call: it tokenizes the whole vocabulary)."""
-    stop_strings = _stop_strings(model, request)
+    stop_strings = _stop_strings(model, args)
     if stop_strings is None:
         return None
-    request.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (`generate_request`)
-    if any(type(c) is StopStringCriteria for c in request.stopping_criteria):
+    args.kwargs["stop_strings"] = None  # generate cannot build it through custom_generate (`generate_args`)
+    if any(type(c) is StopStringCriteria for c in args.stopping_criteria):
         return None  # generate keeps the user's own in place of its default
     if tokenizer is None:
         raise ValueError(
@@ -331,7 +331,7 @@ _BOOLS = ("do_sample", "cuda_graphs", "refill", "progress", "adaptive_drafts")
 
 def _check_types(opts: GenerationOptions) -> None:
     """A TypeError naming the option for a value of the wrong type (None is generate's "unset")."""
-    values = {**opts.request.kwargs, **{name: getattr(opts, name) for name in OWN if name != "tokenizer"}}
+    values = {**opts.generate.kwargs, **{name: getattr(opts, name) for name in OWN if name != "tokenizer"}}
     for name, value in values.items():
         if value is None or name not in _INTS + _FLOATS + _BOOLS:
             continue
@@ -349,7 +349,7 @@ def _check_types(opts: GenerationOptions) -> None:
         parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
     if not isinstance(opts.attn, (str, AttentionBackend)):
         raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
-    config = opts.request.generation_config
+    config = opts.generate.generation_config
     if config is not None and not isinstance(config, GenerationConfig):
         raise TypeError(f"generation_config must be a GenerationConfig, got {type(config).__name__}")
 

@@ -1,9 +1,9 @@
-"""The engine: one call from prompts to answers over one packed row.
+"""The engine: one core loop over a packed row, and the calls that run it.
 
-`generate` is the call (`generate_tokens`, `stream_tokens`): it checks the inputs, probes the model
-(`probe`), sizes the row (`budget`) and runs it, as one row (`runner`: prefill, then decode), or, past
-one row's memory, as rounds that admit waiting prompts as room frees up (`refill`, `admission`).
-`patching` sets the model up for the call and takes it back; `cuda_graphs` captures decode steps over a
-`rows.StaticRow`, which a `rows.RowKeeper` may keep between calls.  `serving` is the engine of a
-server: requests join a live row while it decodes (`live`), each admitted where it fits (`admission`).
+`core` is the loop (`EngineCore`): each round schedules (an admission policy, `policies`, places waiting
+requests' streams; a chunk of prompt tokens and every decoding stream's newest token or draft are fed), runs one
+forward of the model runner (`hf_parallel.runner`), lets each choice group choose or verify its streams' tokens
+(`groups`, with drafts from `drafts`), and updates the streams a round late (`streams`: requests, streams and the
+records the stages hand on).  `generate` is the call (`generate_tokens`, `stream_tokens`), `serving` the engine of
+a server: requests joining a live row while it decodes.
 """

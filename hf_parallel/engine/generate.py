@@ -1,16 +1,16 @@
 """`generate_tokens` and `stream_tokens`: answer every prompt as if alone, shared token prefixes computed once.
 
-A workload that fits the memory budget runs as one packed row (`Runner`).  One that does
-not is admitted as room frees up (`RefillLoop`: continuous refill, or static waves), a
-document's prompts together; models with recurrent layers, and streams that draft
-(prompt lookup), run it in waves of rows.
+A call checks its inputs, probes the model and sizes its row, then runs the engine core (`engine.core`) with
+the admission policy that fits: everything at once where the row holds the whole call (`AllAtOnce`), else
+documents admitted as room frees up (`Refill`, or `Waves` with refill=False).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -19,18 +19,22 @@ from transformers import PreTrainedModel
 from ..attention import AttentionBackend, resolve_backend
 from ..decoding.inputs import as_token_lists, check_length, check_tokens, in_vocabulary
 from ..decoding.options import GenerationOptions
+from ..decoding.sampling import Sampler
 from ..models.checks import check_model
 from ..models.compiled_parts import compiler_unimported, import_compiler
 from ..models.placement import loop_device, placement
-from ..row.forest import Forest
+from ..row.contents import FixedRow
 from ..row.layout import Layout, build_layout
-from .admission import Admission
-from .budget import RowBudget, row_budget, too_large
-from .patching import Support, model_lock
-from .probe import check_support
-from .refill import RefillLoop
-from .rows import RowKeeper
-from .runner import Runner, compiles
+from ..row.prefix_tree import PrefixTree
+from ..runner.model_runner import ModelRunner, compiles
+from ..runner.patching import ModelProfile, model_lock
+from ..runner.probe import check_support
+from ..runner.rows import RowKeeper
+from ..runner.sizing import size_row
+from .core import EngineCore, Stats
+from .drafts import AssistantDrafter
+from .policies import AllAtOnce, Refill, Waves
+from .streams import Request
 
 
 def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> list[list[int]]:
@@ -54,39 +58,80 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     options (TypeError), and a model or decoding method hf_parallel cannot serve
     (NotImplementedError, naming why).
     """
-    call = Call.prepare(model, prompts, options, session)
+    call = Generation.prepare(model, prompts, options, session)
     out: list[list[int] | None] = [None] * len(call.streams)
     for index, tokens in call.run():
         out[index] = tokens
     return out
 
 
-def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options):
-    """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list).
+def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> Streamed:
+    """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list); once
+    exhausted, the iterator's `stats` say what the call did (`engine.core.Stats`).
 
     While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
     the iterator is exhausted or closed, and until then another thread's call on the model waits.
     """
-    return Call.prepare(model, prompts, options, session).run()
+    return Streamed(Generation.prepare(model, prompts, options, session))
+
+
+def generate_layout(model: PreTrainedModel, layout: Layout, session: RowKeeper | None = None, **options):
+    """`generate_tokens` over the prompts of a layout `build_layout` made (the reference paper's interleaved one
+    included: a benchmark's ablation), each prompt once, all at once in a row of that layout."""
+    call = Generation.prepare(model, layout_prompts(layout), options, session)
+    if call.opts.num_return_sequences != 1:
+        raise ValueError("generate_layout answers each prompt of the layout once: num_return_sequences is 1")
+    call.layout, call.fixed = layout, True
+    out: list[list[int] | None] = [None] * layout.num_prompts
+    for index, tokens in call.run():
+        out[index] = tokens
+    return out
+
+
+class Streamed:
+    """The answers of one call as they finish (`stream_tokens`); `stats` once it has run."""
+
+    def __init__(self, call: Generation):
+        self.call, self.answers = call, call.run()
+
+    def __iter__(self) -> Streamed:
+        return self
+
+    def __next__(self) -> tuple[int, list[int]]:
+        return next(self.answers)
+
+    def close(self) -> None:
+        self.answers.close()
+
+    @property
+    def stats(self) -> Stats | None:
+        return self.call.stats
 
 
 @dataclass
-class Call:
-    """One call's checked inputs: its streams, options, model support, backend and row keeper; `run` answers."""
+class Generation:
+    """One call's checked inputs: its prompts, options, the model's profile, backend and row keeper; `run`
+    answers."""
 
     model: PreTrainedModel
-    streams: list[list[int]]
-    room: int  # most new tokens of any stream (each stream's own limit is generate's, per prompt)
+    prompts: list[list[int]]
+    max_new_tokens: list[int]  # each prompt's (generate's max_length less its length, as generate counts)
     opts: GenerationOptions
-    support: Support
+    profile: ModelProfile | None
     backend: AttentionBackend
     session: RowKeeper | None
-    layout: Layout | None  # the streams' prefix tree (None: no streams)
-    assistant: Support | None = None  # the assistant model's, where it drafts
+    layout: Layout | None  # the streams' prefix tree laid out at once (None: no streams)
+    assistant: ModelProfile | None = None  # the assistant model's, where it drafts
+    fixed: bool = False  # the layout is the row's, whatever the memory budget says
+    stats: Stats | None = None
+
+    @property
+    def streams(self) -> list[int]:
+        return [p for p in range(len(self.prompts)) for _ in range(self.opts.num_return_sequences)]
 
     @classmethod
     @torch.inference_mode()
-    def prepare(cls, model, prompts, options: dict, session) -> Call:
+    def prepare(cls, model, prompts, options: dict, session) -> Generation:
         """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says.
         Generate prepares each prompt and the probe runs the model: one call at a time on a model (`model_lock`)."""
         check_model(model)
@@ -95,93 +140,87 @@ class Call:
             return cls._checked(model, prompts, options, session)
 
     @classmethod
-    def _checked(cls, model, prompts: list[list[int]], options: dict, session) -> Call:
+    def _checked(cls, model, prompts: list[list[int]], options: dict, session) -> Generation:
         opts = GenerationOptions.resolve(model, **options)
-        budgets = []  # new tokens each prompt may get (generate's max_length - prompt length)
+        limits = []
         for i, prompt in enumerate(prompts):
             if not prompt:
                 raise ValueError(f"prompt {i} is empty")
-            budgets.append(opts.request.prepare(model, prompt).budget)  # generate's lists, captured before any work
-            check_length(model, f"prompt {i}", prompt, budgets[-1])
+            limits.append(opts.generate.prepare(model, prompt).max_new_tokens)  # generate's, before any work
+            check_length(model, f"prompt {i}", prompt, limits[-1])
         streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
-        room = max(budgets, default=1)
-        layout = build_layout(streams, room) if streams else None
+        layout = build_layout(streams, max(limits, default=1)) if streams else None
         # the ids checked once each where prompts share them (a document's once, not once per question); where one
         # is outside the vocabulary, each prompt's are checked in turn, so that the error names the first such prompt
         if layout is not None and not in_vocabulary(model, [seg.tokens for seg in layout.segments]):
             for i, prompt in enumerate(prompts):
                 check_tokens(model, f"prompt {i}", prompt)
         # a call that will compile imports the compiler beside the support probe's first forward (where it is the
-        # model's first); whether it will is the Runner's rule, before the probe says whether layers are recurrent
+        # model's first); whether it will is the runner's rule, before the probe says whether layers are recurrent
         if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
             import_compiler()
-        support = check_support(model) if prompts else None
-        if opts.speculation is not None and support is not None and support.recurrent:
+        profile = check_support(model) if prompts else None
+        if opts.speculation is not None and profile is not None and profile.recurrent:
             raise NotImplementedError(
                 f"speculative decoding: {type(model).__name__} has layers with a recurrent state, which a "
                 "rejected draft token would leave advanced; decode without prompt_lookup_num_tokens or assistant_model"
             )
         assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
-        return cls(model, streams, room, opts, support, backend, session, layout, assistant)
+        return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
-        """(stream index, new tokens) of every stream as it finishes: one row where the memory budget holds the
-        call, else waves of rows (recurrent layers) or continuous refill."""
-        if not self.streams:
+        """(stream index, new tokens) of every stream as it finishes: all at once where the memory budget holds
+        the call, else as room frees up."""
+        if not self.prompts:
             return
         with model_lock(self.model).held():  # until the last stream is yielded, or the iterator closed
-            yield from self._runs()
+            yield from self._run()
 
-    def _runs(self) -> Iterator[tuple[int, list[int]]]:
-        layout = self.layout
-        chunk = self.opts.prefill_chunk_for(self.backend)
+    def _run(self) -> Iterator[tuple[int, list[int]]]:
+        model, opts, layout = self.model, self.opts, self.layout
+        n = opts.num_return_sequences
+        chunk = opts.prefill_chunk_for(self.backend)
         kept = self.session.row_bytes() if self.session is not None else 0
-        budget = row_budget(self.model, self.support, chunk, self.opts.max_memory, len(self.streams), kept)
-        bar = tqdm(total=len(self.streams), unit="answer", disable=not _show_progress(self.opts.progress))
-        with bar:
-            if layout.num_slots <= budget.capacity and len(self.streams) <= budget.streams:
-                runs = self._one_row(layout)
-            elif self.support.recurrent or self.opts.speculation is not None:
-                runs = self._waves(layout, budget)
-            else:
-                runs = self._refill(layout, budget)
-            for index, tokens in runs:
+        size = size_row(model, self.profile, chunk, opts.max_memory, len(layout.prompt_ends), kept)
+        if self.fixed or (layout.num_slots <= size.capacity and len(layout.prompt_ends) <= size.streams):
+            policy, capacity, order = AllAtOnce(FixedRow(layout)), layout.num_slots, range(len(self.prompts))
+        else:
+            tree = PrefixTree(size.capacity, split_written=not self.profile.recurrent)
+            policy, capacity = (Refill if opts.refill else Waves)(tree, size), size.capacity
+            order = [p for group in document_groups(layout, n) for p in group]
+        runner = ModelRunner(model, self.profile, opts, self.backend, capacity, self.session)
+        assistant = self._assistant(capacity)
+        streams = len(layout.prompt_ends)
+        core = EngineCore(model, runner, policy, chunk, lanes=size.streams, assistant=assistant, prebuild=streams)
+        self.stats = core.stats
+        sampler = Sampler(opts, runner.device)  # one for the call: a seed gives one sequence of draws
+        documents = _documents(layout, n)
+        for p in order:
+            request = Request(self.prompts[p], opts, n, self.max_new_tokens[p], sampler=sampler, group=documents[p])
+            core.add(request)
+            for stream in request.streams:
+                stream.index = p * n + stream.answer
+        bar = tqdm(total=len(layout.prompt_ends), unit="answer", disable=not _show_progress(opts.progress))
+        helper = assistant.runner.using_model() if assistant is not None else contextlib.nullcontext()
+        with bar, runner.using_model(), helper, torch.inference_mode():
+            for stream in core.run():
                 bar.update()
-                yield index, tokens
+                yield stream.index, stream.tokens
 
-    def _one_row(self, layout: Layout) -> Iterator[tuple[int, list[int]]]:
-        runner = Runner(self.model, layout, self.opts, self.backend, self.support, self.session, self.assistant)
-        yield from enumerate(runner.run())
-
-    def _waves(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
-        """Rows one after another, each as many streams (a document's together) as fit it."""
-        order = [index for group in document_groups(layout) for index in group]
-        for wave in _waves(self.streams, order, self.room, budget):
-            wave_layout = build_layout([self.streams[i] for i in wave], self.room)
-            runner = Runner(
-                self.model, wave_layout, self.opts, self.backend, self.support, self.session, self.assistant
-            )
-            yield from zip(wave, runner.run())
-
-    def _refill(self, layout: Layout, budget: RowBudget) -> Iterator[tuple[int, list[int]]]:
-        empty = Forest(budget.capacity).snapshot(self.room)
-        runner = Runner(self.model, empty, self.opts, self.backend, self.support, self.session)
-        admission = Admission(self.streams, document_groups(layout), self.room, budget, self.opts.refill)
-        loop = RefillLoop(runner, self.streams, admission, self.room)
-        with runner.using_model():
-            rounds = loop.run()
-            while True:
-                with torch.inference_mode():
-                    finished = next(rounds, None)
-                if finished is None:
-                    return
-                yield finished
+    def _assistant(self, capacity: int) -> AssistantDrafter | None:
+        if self.assistant is None:
+            return None
+        opts = replace(self.opts, cuda_graphs=False, compile=False, speculation=None, assistant_model=None)
+        runner = ModelRunner(self.opts.assistant_model, self.assistant, opts, self.backend, capacity)
+        vocab = self.model.config.get_text_config().vocab_size
+        return AssistantDrafter(runner, self.opts.speculation, vocab, self.opts.eos_ids)
 
 
-def check_assistant(model: PreTrainedModel, assistant) -> Support:
-    """The assistant's `Support`; TypeError for an assistant that is not a causal LM, ValueError for one of another
-    vocabulary or device, NotImplementedError for one with recurrent layers or that hf_parallel cannot serve."""
+def check_assistant(model: PreTrainedModel, assistant) -> ModelProfile:
+    """The assistant's `ModelProfile`; TypeError for an assistant that is not a causal LM, ValueError for one of
+    another vocabulary or device, NotImplementedError for one with recurrent layers or that hf_parallel cannot
+    serve."""
     if not isinstance(assistant, PreTrainedModel):
         raise TypeError(f"assistant_model must be a transformers causal LM, got {type(assistant).__name__}")
     main, its = model.config.get_text_config().vocab_size, assistant.config.get_text_config().vocab_size
@@ -191,35 +230,32 @@ def check_assistant(model: PreTrainedModel, assistant) -> Support:
         )
     if assistant.device != model.device:
         raise ValueError(f"assistant_model is on {assistant.device} and the model on {model.device}: put both on one")
-    support = check_support(assistant)
-    if support.recurrent:
+    profile = check_support(assistant)
+    if profile.recurrent:
         raise NotImplementedError(
             f"assistant_model: {type(assistant).__name__} has layers with a recurrent state, which a rejected "
             "draft token would leave advanced"
         )
-    return support
+    return profile
 
 
-def document_groups(layout: Layout) -> list[list[int]]:
-    """The streams grouped by the root of their prefix tree (a document), groups by first appearance."""
+def layout_prompts(layout: Layout) -> list[list[int]]:
+    """Every prompt of `layout`, from the segments it runs through."""
+    return [[t for s in layout.ancestors(end) for t in layout.segments[s].tokens] for end in layout.prompt_ends]
+
+
+def document_groups(layout: Layout, n: int = 1) -> list[list[int]]:
+    """The prompts grouped by the root of their prefix tree (a document), groups by first appearance; `layout`
+    holds each prompt `n` times."""
     groups: dict[int, list[int]] = {}
-    for p, end in enumerate(layout.prompt_ends):
+    for p, end in enumerate(layout.prompt_ends[::n]):
         groups.setdefault(layout.ancestors(end)[0], []).append(p)
     return [groups[root] for root in sorted(groups)]
 
 
-def _waves(streams, order: list[int], room: int, budget: RowBudget) -> Iterator[list[int]]:
-    forest, wave = Forest(budget.capacity), []
-    for index in order:
-        if len(wave) == budget.streams or forest.admit(index, streams[index], room) is None:
-            if wave:
-                yield wave
-            forest, wave = Forest(budget.capacity), []
-            if forest.admit(index, streams[index], room) is None:
-                raise too_large(index, len(streams[index]) + room, budget)
-        wave.append(index)
-    if wave:
-        yield wave
+def _documents(layout: Layout, n: int) -> list[int]:
+    """Each prompt's document number (the root segment of its prefix tree)."""
+    return [layout.ancestors(end)[0] for end in layout.prompt_ends[::n]]
 
 
 def _show_progress(progress: bool | None) -> bool:

@@ -1,17 +1,16 @@
 """A live row that requests join while it decodes: the engine behind `hf-parallel serve` and `hf-parallel batch`.
 
-`Engine` runs one model's packed row on a thread of its own.  `submit` queues a request (a prompt,
-generate's options for it, n streams) from any thread.  At the next round the engine checks it,
-and admits its streams once they fit (`Arrivals`): whatever of its prompt is resident is reused,
-whether another live request holds it or a finished one left it behind, and its streams decode
-beside all the others, each with the processors, sampler and token limit of its own request.  Each
-round hands every request its new tokens (`Request.on_event`).  A cancelled request (a client gone)
-leaves the row at the next round.  An error in one request's token choice fails that request alone;
-an error in a forward fails the requests in the row, the row starts afresh, and the engine goes on.
+`Engine` runs one model's engine core (`engine.core`) on a thread of its own, with the `Arrivals` policy.
+`submit` queues a request (a prompt, generate's options for it, n streams) from any thread.  At the next
+round the engine checks it, and admits its streams once they fit: whatever of its prompt is resident is
+reused, whether another live request holds it or a finished one left it behind, and its streams decode
+beside all the others, each with the processors, sampler, token limit and drafts of its own request.  Each
+round hands every request its new tokens (`Request.on_event`).  A cancelled request (a client gone) leaves
+the row at the next round.  An error in one request's token choice fails that request alone; an error in a
+forward fails the requests in the row, the row starts afresh, and the engine goes on.
 
-The rounds are `engine.live.ServingLoop`'s.  While it has work the engine holds the model (`model_lock`);
-while idle it lets it go, so another call on the model runs between bursts, and `model.generate` runs as
-if hf_parallel were absent (`wait_idle` waits for that).
+While it has work the engine holds the model (`model_lock`); while idle it lets it go, so another call on the
+model runs between bursts, and `model.generate` runs as if hf_parallel were absent (`wait_idle` waits for that).
 """
 
 from __future__ import annotations
@@ -19,24 +18,28 @@ from __future__ import annotations
 import threading
 import traceback
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from ..attention import resolve_backend
+from ..decoding.inputs import check_length, check_tokens
 from ..decoding.options import GenerationOptions
+from ..decoding.sampling import Sampler
 from ..models.checks import check_model
 from ..models.placement import loop_device
-from ..row.forest import Forest
-from .admission import Arrivals
-from .budget import free_memory, row_budget
-from .live import Counters, Request, ServingLoop, refuse_speculation
-from .probe import check_support
-from .runner import Runner
+from ..row.prefix_tree import PrefixTree
+from ..runner.model_runner import ModelRunner
+from ..runner.probe import check_support
+from ..runner.sizing import free_memory, size, size_row
+from .core import EngineCore
+from .policies import Arrivals
+from .streams import Request, Status
 
 MAX_QUEUE = 1024  # requests waiting for the engine's thread or for room, by default
 GPU_FRACTION = 0.5  # of a GPU's free memory, the row's unless max_memory says: the rest for forwards and graphs
-CPU_MEMORY = "512MiB"  # a CPU row unless max_memory says: the reference path's dense mask spans its used slots
+CPU_MEMORY = "512MiB"  # a CPU row unless max_memory says (or more, to hold one request of the model's context)
 
 
 class QueueFull(RuntimeError):
@@ -47,13 +50,41 @@ class Closed(RuntimeError):
     """The engine is closing or closed: it takes no more requests."""
 
 
+class RowTooSmall(ValueError):
+    """A request needs more slots than the engine's row holds (`code`: the error's name in an API response)."""
+
+    code = "row_too_small"
+
+
+@dataclass
+class Counters:
+    """What the engine has done since it started, and what it holds now."""
+
+    requests: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0  # the prompt tokens of every admitted request, as if each were alone
+    computed_tokens: int = 0  # ... of which the row computed (the rest were resident)
+    generated_tokens: int = 0
+    rounds: int = 0
+    live_streams: int = 0
+    queued: int = 0  # requests waiting for the engine's thread or for room
+    resident_slots: int = 0
+    retained_slots: int = 0  # of which prefixes no live stream uses, kept for later requests
+    capacity: int = 0
+    max_streams: int = 0
+
+
 class Engine:
     """One model's live row on a thread of its own (module docstring).
 
     options: hf_parallel's own options for the row (`attn`, `prefill_chunk`, `cuda_graphs`, `compile`);
-    max_memory: the row's memory (None: `GPU_FRACTION` of what a GPU has free, on a CPU `CPU_MEMORY`);
+    prompt_lookup_num_tokens: every request's prompt-lookup drafts unless it sets its own (None: none);
+    max_memory: the row's memory (None: `GPU_FRACTION` of what a GPU has free, on a CPU `CPU_MEMORY`, either
+    grown where it would not hold one request of the model's whole context);
     max_streams: most live streams; max_queue: most waiting requests (`submit` raises `QueueFull` past it);
-    retain: keep finished prompts' prefixes while room allows.
+    retain: keep finished prompts' prefixes while room allows (not for models with recurrent layers, whose
+    states would stay with them).
     """
 
     def __init__(
@@ -63,40 +94,58 @@ class Engine:
         max_streams: int = 256,
         max_queue: int = MAX_QUEUE,
         retain: bool = True,
+        prompt_lookup_num_tokens: int | None = None,
         **options,
     ):
         check_model(model)
         self.model, self.max_queue = model, max_queue
-        if max_memory is None:  # the row is allocated whole at start: not all the memory the device has free
-            device = loop_device(model)
-            max_memory = CPU_MEMORY if device.type == "cpu" else int(free_memory(device) * GPU_FRACTION)
-        self.opts = GenerationOptions.resolve(model, **options)
-        refuse_speculation(self.opts)
-        self.support = check_support(model)
-        if self.support.recurrent:
+        self.opts = GenerationOptions.resolve(model, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **options)
+        self.defaults = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
+        self.profile = check_support(model)
+        if self.opts.speculation is not None and self.profile.recurrent:
             raise NotImplementedError(
-                "the serving engine does not serve models with recurrent layers (their per-stream state does not "
-                "join a live row); generate_tokens answers them in waves of rows"
+                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
+                "rejected draft token would leave advanced"
             )
         self.backend = resolve_backend(self.opts.attn, model.device)
         chunk = self.opts.prefill_chunk_for(self.backend)
-        self.budget = row_budget(model, self.support, chunk, max_memory, max_streams)
-        self.counters = Counters(capacity=self.budget.capacity, max_streams=self.budget.streams)
-        self.retain = retain
+        self.size = self._size(chunk, max_memory, max_streams)
+        self.counters = Counters(capacity=self.size.capacity, max_streams=self.size.streams)
+        recurrent = self.profile.recurrent
+        runner = ModelRunner(model, self.profile, self.opts, self.backend, self.size.capacity)
+        policy = Arrivals(PrefixTree(self.size.capacity, split_written=not recurrent), self.size.streams,
+                          retain and not recurrent)  # fmt: skip
+        self.core = EngineCore(model, runner, policy, chunk, lanes=self.size.streams, isolate=True)
         self._inbox: deque[Request] = deque()
+        self._refused = self._dropped = 0  # requests failed by their checks, cancelled before them
         self._wake = threading.Condition()
         self._closing = False
         self._holding = False  # the engine's thread holds the model
         self.failure: BaseException | None = None
-        self.loop: ServingLoop | None = None
         self._thread = threading.Thread(target=self._serve, name="hf-parallel-engine", daemon=True)
         self._thread.start()
+
+    def _size(self, chunk: int, max_memory, max_streams: int):
+        """The row: `max_memory`'s, or the default (class docstring), grown to one request of the whole context."""
+        if max_memory is not None:
+            return size_row(self.model, self.profile, chunk, max_memory, max_streams)
+        device = loop_device(self.model)
+        memory = CPU_MEMORY if device.type == "cpu" else int(free_memory(device) * GPU_FRACTION)
+        row = size_row(self.model, self.profile, chunk, memory, max_streams)
+        context = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if context is not None and row.capacity < context:
+            memory = row.bytes + (context - row.capacity) * self.profile.slot_bytes
+            row = size_row(self.model, self.profile, chunk, memory, max_streams)
+        return row
 
     # -- any thread --
 
     def submit(self, prompt: list[int], options: dict, n: int = 1, on_event=None) -> Request:
-        """Queue a request (class `Request`); `QueueFull` when `max_queue` wait already, `Closed` when closing."""
-        request = Request(prompt, options, n, on_event or _ignore)
+        """Queue a request; `QueueFull` when `max_queue` wait already, `Closed` when closing.  Its `on_event` is
+        told "accepted" once the engine has checked it (`Request` says what follows), or "error"."""
+        request = Request(list(prompt), None, n, options=dict(options))
+        if on_event is not None:
+            request.on_event = on_event
         with self._wake:
             if self._closing:
                 raise Closed("the engine has stopped" if self.failure is not None else "the server is shutting down")
@@ -121,11 +170,8 @@ class Engine:
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._wake:
-                for request in self._inbox:
+                for request in list(self._inbox) + self._requests():
                     request.cancel()
-                if self.loop is not None:
-                    for request in list(self.loop.requests.values()):
-                        request.cancel()
                 self._wake.notify()
             self._thread.join(30)
         return not self._thread.is_alive()
@@ -146,34 +192,104 @@ class Engine:
             with self._wake:
                 self._closing = True
                 waiting, self._inbox = list(self._inbox), deque()
-            for request in waiting + (list(self.loop.requests.values()) if self.loop is not None else []):
+            for request in waiting + self._requests():
                 request.on_event("error", RuntimeError(f"the engine stopped: {type(err).__name__}: {err}"))
 
     def _rounds(self) -> None:
-        runner = Runner(self.model, Forest(self.budget.capacity).snapshot(1), self.opts, self.backend, self.support)
-        self.loop = loop = ServingLoop(runner, Arrivals(self.budget, self.retain), self.counters)
+        core = self.core
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._inbox or self._closing)
                 if not self._inbox and self._closing:
                     return
-            with self._wake:
                 self._holding = True
             try:
-                with runner.using_model(), torch.inference_mode():  # the model is the engine's until the row empties
+                with core.runner.using_model(), torch.inference_mode():  # the model is the engine's until idle
                     while True:
                         with self._wake:
                             arrived, self._inbox = list(self._inbox), deque()
                         for request in arrived:
-                            loop.arrive(request)
-                        if not loop.busy():
+                            self._arrive(request)
+                        self._count()
+                        if not core.busy():
                             break
-                        loop.round()
+                        core.step()
+                        self._count()
             finally:
                 with self._wake:
                     self._holding = False
                     self._wake.notify_all()
 
+    def _arrive(self, request: Request) -> None:
+        """Check a request and queue it in the core; a request at fault gets its "error" now."""
+        if request.cancelled:
+            self._dropped += 1
+            self._count_queued(-1)
+            return
+        try:
+            self._check(request)
+        except Exception as err:  # noqa: BLE001 - a request that cannot run fails alone
+            self._refused += 1
+            self._count_queued(-1)
+            request.on_event("error", err)
+            return
+        told = request.on_event
 
-def _ignore(kind: str, value) -> None:
-    pass
+        def counted(kind: str, value) -> None:
+            if kind == "start":
+                self._count_queued(-1)
+                self.counters.prompt_tokens += len(request.prompt)
+                self.counters.computed_tokens += len(request.prompt) - value
+            elif kind == "tokens":
+                self.counters.generated_tokens += len(value)
+            told(kind, value)
+
+        request.on_event = counted
+        self.core.add(request)
+        self.counters.requests += 1
+        told("accepted", None)
+
+    def _check(self, request: Request) -> None:
+        model = self.model
+        if not request.prompt:
+            raise ValueError("the prompt is empty")
+        check_tokens(model, "the prompt", request.prompt)
+        opts = GenerationOptions.resolve(model, **{**self.defaults, **request.options})
+        if opts.assistant_model is not None:
+            raise ValueError("assistant_model: the server drafts by prompt lookup (prompt_lookup_num_tokens)")
+        if opts.speculation is not None and self.profile.recurrent:
+            raise ValueError(
+                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
+                "rejected draft token would leave advanced"
+            )
+        limit = opts.generate.prepare(model, request.prompt).max_new_tokens
+        check_length(model, "the prompt", request.prompt, limit)
+        slots = len(request.prompt) + limit * request.n
+        if slots > self.size.capacity:
+            raise RowTooSmall(
+                f"the prompt's {len(request.prompt)} tokens and {request.n} x {limit} new tokens need {slots} "
+                f"slots; the server's row holds {self.size.capacity} ({size(self.size.bytes)}): start it with "
+                "more memory (max_memory, hf-parallel serve --max-memory) or ask for fewer tokens"
+            )
+        if request.n > self.size.streams:
+            raise ValueError(f"n={request.n} streams; the server decodes at most {self.size.streams} at once")
+        request.opts, request.max_new_tokens = opts, limit
+        request.sampler = Sampler(opts, self.core.device)
+
+    def _count_queued(self, change: int) -> None:
+        with self._wake:
+            self.counters.queued += change
+
+    def _requests(self) -> list[Request]:
+        """The requests queued in the core or in its row."""
+        live = {id(s.request): s.request for s in self.core.live.values()}
+        return self.core.policy.queued() + list(live.values())
+
+    def _count(self) -> None:
+        counters, stats, core = self.counters, self.core.stats, self.core
+        counters.rounds = stats.rounds
+        counters.cancelled, counters.failed = stats.cancelled + self._dropped, stats.failed + self._refused
+        with self._wake:  # the queue also counts what `submit` added meanwhile
+            counters.queued = len(self._inbox) + core.policy.waiting()
+        counters.live_streams = sum(s.status in (Status.PREFILL, Status.DECODE) for s in core.live.values())
+        counters.resident_slots, counters.retained_slots = core.policy.contents.used(), core.policy.contents.retained()

@@ -17,10 +17,14 @@ from transformers import PreTrainedModel
 from ..attention import AttentionBackend, resolve_backend
 from ..decoding.inputs import as_token_lists, check_length, check_tokens
 from ..decoding.options import GenerationOptions
-from ..engine.probe import check_support
-from ..engine.runner import Runner
+from ..engine.core import EngineCore
+from ..engine.policies import AllAtOnce
+from ..engine.streams import Request
 from ..models.checks import check_model
-from ..row.layout import Layout, build_layout
+from ..row.contents import FixedRow
+from ..row.layout import build_layout
+from ..runner.model_runner import ModelRunner
+from ..runner.probe import check_support
 
 
 @dataclass
@@ -80,19 +84,24 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     if not prompts:
         return TreeScores([], [], 0)
     check_inputs(model, prompts, continuations)
-    sequences, seq_of = tree_sequences(prompts, continuations)
-    layout = build_layout(sequences, 0)  # no answer room: the tree is exactly the tokens to run
-    rows, targets, sizes = target_rows(layout, continuations, seq_of)
-    support = check_support(model)
-    backend = resolve_backend(opts.attn, model.device)
-    runner = Runner(model, layout, opts, backend, support)
+    candidates = [(prompt, cont) for prompt, cands in zip(prompts, continuations) for cont in cands]
+    # each candidate reads the rows before its tokens: its prompt and all but its last token (equal sequences and
+    # shared prefixes are one run of the tree, computed once)
+    layout = build_layout([prompt + cont[:-1] for prompt, cont in candidates], 0)
+    profile, backend = check_support(model), resolve_backend(opts.attn, model.device)
+    runner = ModelRunner(model, profile, opts, backend, layout.num_slots)
+    core = EngineCore(model, runner, AllAtOnce(FixedRow(layout)), opts.prefill_chunk)
+    requests = [Request(prompt + cont[:-1], opts, 0, 0, score=len(cont), targets=cont) for prompt, cont in candidates]
+    for request in requests:
+        core.add(request)
     with torch.inference_mode(), runner.using_model():
-        logprobs, greedy = (t.cpu() for t in _run(runner, rows, targets, opts.prefill_chunk))
-    flat = iter(zip(logprobs.split(sizes), greedy.split(sizes)))
-    per_candidate = [[next(flat) for _ in cands] for cands in continuations]
+        for _ in core.run():
+            pass
+    scored = iter(requests)
+    rows = [[next(scored).scores for _ in cands] for cands in continuations]
     return TreeScores(
-        [[lp for lp, _ in row] for row in per_candidate],
-        [[bool(hit.all()) for _, hit in row] for row in per_candidate],
+        [[torch.from_numpy(logprobs) for logprobs, _ in row] for row in rows],
+        [[bool(greedy.all()) for _, greedy in row] for row in rows],
         layout.num_slots,
     )
 
@@ -107,63 +116,3 @@ def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
             check_tokens(model, f"continuation {c} of prompt {p}", cont)
             # positions: a continuation's last token is only a target, never an input
             check_length(model, f"prompt {p} with continuation {c}", prompt + cont[:-1])
-
-
-def tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
-    """The distinct token sequences the tree must hold (prompt + continuation[:-1]) and each candidate's one."""
-    index: dict[tuple[int, ...], int] = {}
-    seq_of = []
-    for prompt, cands in zip(prompts, continuations):
-        for cont in cands:
-            seq_of.append(index.setdefault(tuple(prompt + cont[:-1]), len(index)))
-    return [list(s) for s in index], seq_of
-
-
-def target_rows(layout: Layout, continuations, seq_of):
-    """Every (row slot [M], target token [M]) pair read, candidate after candidate, and each one's count."""
-    rows, targets, sizes = [], [], []
-    flat = (cont for cands in continuations for cont in cands)
-    for s, cont in zip(seq_of, flat):
-        rows.append(_tail_slots(layout, layout.prompt_ends[s], len(cont)))
-        targets.append(torch.tensor(cont))
-        sizes.append(len(cont))
-    return torch.cat(rows), torch.cat(targets), sizes
-
-
-def _tail_slots(layout: Layout, seg_id: int, n: int) -> torch.Tensor:
-    """Slots [n] of the last `n` tokens of the sequence ending in segment `seg_id`, in order."""
-    parts = []
-    while n > 0:
-        seg = layout.segments[seg_id]
-        take = min(n, len(seg.tokens))
-        stop = seg.slot_start + len(seg.tokens)
-        parts.append(torch.arange(stop - take, stop))
-        n, seg_id = n - take, seg.parent
-    return torch.cat(parts[::-1])
-
-
-def _run(runner: Runner, rows: torch.Tensor, targets: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the tree in slot order, `chunk` tokens per forward; log p(target | row) [M] float32 and whether the
-    target is the row's argmax [M] bool."""
-    device = runner.device
-    slots, tokens, _ = runner.layout.prompt_slots()
-    keep, inverse = torch.unique(rows, return_inverse=True)  # sorted; candidates may share rows
-    inverse, targets = inverse.to(device), targets.to(device)
-    out = torch.empty(len(rows), dtype=torch.float32, device=device)
-    greedy = torch.empty(len(rows), dtype=torch.bool, device=device)
-    for start in range(0, len(slots), chunk):
-        part = slots[start : start + chunk]
-        lo = int(torch.searchsorted(keep, part[0]))  # rows inside this chunk: keep[lo:hi]
-        hi = int(torch.searchsorted(keep, part[-1], side="right"))
-        local = torch.searchsorted(part, keep[lo:hi]) if hi > lo else torch.tensor([len(part) - 1])
-        plan = runner.plan(part.to(device))
-        logits = runner.forward(plan, tokens[start : start + len(part)].to(device), local.to(device))
-        if hi == lo:
-            continue  # this chunk only fills the cache
-        sel = (inverse >= lo) & (inverse < hi)
-        row = inverse[sel] - lo
-        # log_softmax, as a plain forward's scorer (lm-eval's HF backend among them) takes it: on the CPU,
-        # logits - logsumexp rounds differently (SmolLM2: up to 1.6e-5 a token, 5e-4 over a 60-token passage)
-        out[sel] = torch.log_softmax(logits, dim=-1)[row, targets[sel]]
-        greedy[sel] = logits.argmax(dim=-1)[row] == targets[sel]
-    return out, greedy

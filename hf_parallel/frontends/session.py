@@ -13,7 +13,7 @@ replay instead of being captured again:
 from __future__ import annotations
 
 from ..engine.generate import generate_tokens
-from ..engine.rows import RowKeeper
+from ..runner.rows import RowKeeper
 from .prompting import generate_parallel
 
 

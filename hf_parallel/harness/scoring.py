@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from ..attention import resolve_backend
-from ..engine.budget import row_budget
-from ..engine.probe import check_support
 from ..frontends.scoring import score_tree
+from ..runner.probe import check_support
+from ..runner.sizing import size_row
 from .packing import Packing, calls_by_prefix
 
 
@@ -36,9 +36,9 @@ def score_pairs(model: PreTrainedModel, pairs: list[tuple[list[int], list[int]]]
         return Scored([], 0)
     backend = resolve_backend(packing.attn, model.device)
     chunk = backend.prefill_chunk
-    budget = row_budget(model, check_support(model), chunk, packing.max_memory, streams=chunk)
-    chunk = min(chunk, budget.streams)  # a forward's logits rows, float32 [chunk, V], are in the budget's streams
-    cap = budget.capacity if packing.call_tokens is None else min(budget.capacity, packing.call_tokens)
+    row = size_row(model, check_support(model), chunk, packing.max_memory, streams=chunk)
+    chunk = min(chunk, row.streams)  # a forward's logits rows, float32 [chunk, V], are in the budget's streams
+    cap = row.capacity if packing.call_tokens is None else min(row.capacity, packing.call_tokens)
     sequences = [context + continuation[:-1] for context, continuation in pairs]
     results: list[tuple[float, bool] | None] = [None] * len(pairs)
     computed = 0

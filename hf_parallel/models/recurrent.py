@@ -7,10 +7,13 @@ parent's final state, a shared prefix's state is computed once, and each stream 
 from its own state.  `SegmentedMixer` stands in for the model's mixer module during a
 call and calls the unmodified mixer:
 
-    prefill  once per run of one segment's tokens, in slot order (pre-order: a parent's
-             last token comes before its children's first), its start state loaded first
-    decode   once, with the N tokens as N batch rows of length 1, each row's state
-             gathered from the stream pool: the model's own single-token path
+    prefill  once per run of one segment's tokens, parents before children, its start
+             state loaded first (its own, kept under the segment's key, where the segment
+             began in an earlier forward; else its parent's)
+    decode   once, with the decoding streams' tokens as batch rows of length 1, each row's
+             state gathered from the stream's lane of a pool: the model's own single-token path
+
+A forward may hold both: its decode tokens come first, then the prompt runs.
 
 The mixer reads and writes the state through transformers' own `LinearAttentionLayer`
 at `cache.layers[layer_idx]` (`StateLayer`), so the model code is unchanged in
@@ -20,7 +23,7 @@ and its packed-sequence arguments (`cu_seq_lens`, `seq_idx`) reach no CPU fallba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -57,27 +60,16 @@ class State:
     def clone(self) -> State:
         return self.rows(slice(None))
 
-    @staticmethod
-    def cat(states: list[State]) -> State:
-        """The states' rows one after another (all of one layer: the same state indices)."""
-        first = states[0]
-        conv = {i: _cat([s.conv[i] for s in states]) for i in first.conv}
-        return State(conv, {i: _cat([s.rec[i] for s in states]) for i in first.rec})
-
 
 def _take(t, index):
     return None if t is None else t[index].clone()
 
 
-def _cat(parts):
-    return None if parts[0] is None else torch.cat(parts)
-
-
 class StateLayer(LinearAttentionLayer):
     """transformers' linear-attention cache layer, loaded with the state of the rows a mixer call runs.
 
-    segments: final states of the segments prefilled so far (rows of one), while still needed.
-    pool:     [P, ...] each stream's state during decode.
+    segments: final states of the runs prefilled so far (rows of one), by key, while still needed.
+    pool:     [L, ...] each decoding stream's state, by lane (allocated at the first stream's start).
     """
 
     def __init__(self):
@@ -100,28 +92,47 @@ class StateLayer(LinearAttentionLayer):
     def read(self) -> State:
         return State(dict(self.conv_states), dict(self.recurrent_states))
 
+    def put(self, lanes: torch.Tensor, state: State, lane_count: int) -> None:
+        """Write `state`'s rows into the pool at `lanes` [n] (the pool of `lane_count` lanes made at the first)."""
+        if self.pool is None:
+            self.pool = State(
+                *({i: _lanes(t, lane_count) for i, t in part.items()} for part in (state.conv, state.rec))
+            )
+        for part, new in ((self.pool.conv, state.conv), (self.pool.rec, state.rec)):
+            for i, t in new.items():
+                if t is not None:
+                    part[i][lanes] = t
+
     def stored_bytes(self) -> int:
         states = list(self.segments.values()) + ([self.pool] if self.pool is not None else [])
         tensors = [t for s in states for part in (s.conv, s.rec) for t in part.values() if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _lanes(t, count: int):
+    return None if t is None else t.new_zeros(count, *t.shape[1:])
+
+
 @dataclass
 class SegmentRuns:
-    """How one forward's tokens split by segment, for the layers with a recurrent state.
+    """How one forward's tokens split, for the layers with a recurrent state.
 
-    runs:     prefill: [(segment, first token, end token)] in slot order; None in decode.
-    parents:  prefill: parent segment of every segment (-1 for a root).
-    ends:     prefill: pre-order end of every segment (its subtree is segments [s, ends[s])).
-    keep:     prefill: segments whose final state the decode pool needs (where a prompt ends).
-    rows:     decode: [N] int64, the stream (pool row) of each token.
+    lanes:  [D] int64 (device): the first D tokens are decode tokens, token i its stream's next, continuing the
+            state of lane lanes[i] (None: no decode tokens).
+    runs:   (key, parent key or None, first, end) of the prompt tokens after them, by runs of one segment in order:
+            a run continues the state kept under its key, else its parent's, else starts fresh; its final state
+            is kept under its key.
+    start:  (lane, key) pairs: after the forward, lane `lane` holds a copy of the state kept under `key` (a
+            stream starting from its prompt's end).
+    forget: keys whose states no later forward needs, dropped after the forward's starts.
+    lane_count: lanes of the pool.
     """
 
-    runs: list[tuple[int, int, int]] | None = None
-    parents: list[int] | None = None
-    ends: list[int] | None = None
-    keep: frozenset[int] = frozenset()
-    rows: torch.Tensor | None = None
+    lanes: torch.Tensor | None = None
+    runs: list[tuple[int, int | None, int, int]] = field(default_factory=list)
+    start: list[tuple[int, int]] = field(default_factory=list)
+    forget: list[int] = field(default_factory=list)
+    lane_count: int = 1
 
 
 class SegmentedMixer(nn.Module):
@@ -135,38 +146,41 @@ class SegmentedMixer(nn.Module):
         self.mixer, self.layer_idx, self.token_by_token = mixer, mixer.layer_idx, token_by_token
 
     def forward(self, *args, **kwargs):
-        """The mixer's output on the hidden states [1, N, hidden] (its tuple where it returns one): per segment run
-        in prefill, one batch row per stream in decode, as the PackedCache's `segment_runs` says."""
+        """The mixer's output on the hidden states [1, N, hidden] (its tuple where it returns one): decode tokens as
+        one batch row each, then each prompt run from its start state, as the PackedCache's `segment_runs` says."""
         if "hidden_states" in kwargs:
             hidden = kwargs.pop("hidden_states")
         else:
             hidden, args = args[0], args[1:]
         cache = next(v for v in kwargs.values() if hasattr(v, "segment_runs"))  # the PackedCache, by any name
         layer, runs = cache.layers[self.layer_idx], cache.segment_runs
-        call = Call(self.mixer, layer, args, kwargs)
-        if runs.rows is not None:
-            out = self.decode(call, layer, hidden, runs.rows)
-        else:
-            out = self.prefill(call, layer, hidden, runs)
+        call = MixerCall(self.mixer, layer, args, kwargs)
+        pieces = []
+        if runs.lanes is not None and len(runs.lanes):
+            pieces.append(self.decode(call, layer, hidden[:, : len(runs.lanes)], runs.lanes))
+        if runs.runs:
+            pieces.append(self.prefill(call, layer, hidden, runs))
+        for lane, key in runs.start:
+            layer.put(torch.tensor([lane], device=hidden.device), layer.segments[key], runs.lane_count)
+        for key in runs.forget:
+            layer.segments.pop(key, None)
+        out = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]
         return (out, None) if call.returns_tuple else out
 
-    def decode(self, call, layer: StateLayer, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def decode(self, call, layer: StateLayer, hidden: torch.Tensor, lanes: torch.Tensor) -> torch.Tensor:
         """Every token is its stream's next one: one call, a batch row per token, states gathered and scattered."""
-        out, state = call(hidden[0][:, None], layer.pool.rows(rows))
-        for part, new in ((layer.pool.conv, state.conv), (layer.pool.rec, state.rec)):
-            for i, t in new.items():
-                if t is not None:
-                    part[i][rows] = t
+        out, state = call(hidden[0][:, None], layer.pool.rows(lanes))
+        layer.put(lanes, state, len(lanes))
         return out[:, 0][None]
 
     def prefill(self, call, layer: StateLayer, hidden: torch.Tensor, runs: SegmentRuns) -> torch.Tensor:
         """Each run of one segment's tokens from its start state (its own so far, else its parent's final one);
-        the outputs [1, N, hidden] in token order.  Keeps the final states later runs or the decode pool need."""
+        the outputs [1, T, hidden] in token order.  Keeps each run's final state under its key."""
         pieces = []
-        for seg, first, end in runs.runs:
-            state = layer.segments.get(seg)  # a segment split across prefill chunks continues from itself
-            if state is None and runs.parents[seg] >= 0:
-                state = layer.segments[runs.parents[seg]].clone()
+        for key, parent, first, end in runs.runs:
+            state = layer.segments.get(key)  # a segment split across forwards continues from itself
+            if state is None and parent is not None:
+                state = layer.segments[parent].clone()
             if state is not None and self.token_by_token:
                 for t in range(first, end):
                     piece, state = call(hidden[:, t : t + 1], state)
@@ -174,12 +188,11 @@ class SegmentedMixer(nn.Module):
             else:
                 piece, state = call(hidden[:, first:end], state)
                 pieces.append(piece)
-            layer.segments[seg] = state
-            _forget_finished(layer.segments, seg, runs)
+            layer.segments[key] = state
         return torch.cat(pieces, dim=1)
 
 
-class Call:
+class MixerCall:
     """The unmodified mixer on some rows: load their state, run, read the state back."""
 
     def __init__(self, mixer, layer: StateLayer, args, kwargs):
@@ -192,12 +205,6 @@ class Call:
         if isinstance(out, tuple):  # MiniMax's lightning attention returns (output, state)
             self.returns_tuple, out = True, out[0]
         return out, self.layer.read()
-
-
-def _forget_finished(segments: dict[int, State], current: int, runs: SegmentRuns) -> None:
-    """Drop the states no later run needs: segments whose whole subtree lies before `current`, unless kept."""
-    for seg in [s for s in segments if runs.ends[s] <= current and s not in runs.keep]:
-        del segments[seg]
 
 
 def segmented(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..models.recurrent import SegmentRuns, State, StateLayer
+from ..models.recurrent import SegmentRuns, StateLayer
 from .plan import AttentionPlan
 
 try:  # the Triton write is optional: without triton every write is `index_copy_`
@@ -147,13 +147,6 @@ class PackedCache(Cache):
 
     def __len__(self) -> int:
         return len(self.layers)
-
-    def begin_decode(self, prompt_ends: list[int]) -> None:
-        """Pool the recurrent states where the prompts end: row p decodes stream p (prompt_ends[p] its segment)."""
-        for layer in self.layers:
-            if isinstance(layer, StateLayer) and layer.segments:
-                layer.pool = State.cat([layer.segments[seg] for seg in prompt_ends])
-                layer.segments.clear()
 
     # MiniMax's lightning attention keeps its state through these two (its own cache type's API)
     def get_linear_cache(self, layer_idx: int) -> torch.Tensor | None:

@@ -29,13 +29,13 @@ class Segment:
     parent: int  # segment id of the parent, -1 for a root
     depth: int  # tokens before this segment in any prompt through it (= position of its first token)
     tokens: list[int]  # prompt tokens ([] for an answer segment)
-    room: int = 0  # slots reserved for generated tokens (answer segments only)
+    max_new_tokens: int = 0  # slots reserved for generated tokens (answer segments only)
     end: int = 0  # 1 + last segment id of this subtree (pre-order interval)
     slot_start: int = 0  # first slot (stream-major) or -1 (interleaved answers)
 
     @property
     def length(self) -> int:
-        return len(self.tokens) + self.room
+        return len(self.tokens) + self.max_new_tokens
 
 
 @dataclass
@@ -124,7 +124,7 @@ def _common_prefix_len(sequences: list[list[int]], start: int) -> int:
     return same
 
 
-def _grow(prompts, members, start, parent, depth, segments, prompt_ends, answer_segs, room):
+def _grow(prompts, members, start, parent, depth, segments, prompt_ends, answer_segs, max_new_tokens):
     """Append the segment shared by `members` from token `start` and recurse into its children."""
     end = _common_prefix_len([prompts[m] for m in members], start)
     seg_id = len(segments)
@@ -133,9 +133,9 @@ def _grow(prompts, members, start, parent, depth, segments, prompt_ends, answer_
         if len(prompts[m]) == end:  # prompt m ends here: its answer is a child of this segment
             prompt_ends[m] = seg_id
             answer_segs[m] = len(segments)
-            segments.append(Segment(seg_id, end, [], room=room))
+            segments.append(Segment(seg_id, end, [], max_new_tokens=max_new_tokens))
     for group in _group_by_token(prompts, [m for m in members if len(prompts[m]) > end], end):
-        _grow(prompts, group, end, seg_id, end, segments, prompt_ends, answer_segs, room)
+        _grow(prompts, group, end, seg_id, end, segments, prompt_ends, answer_segs, max_new_tokens)
 
 
 def _group_by_token(prompts, members, index) -> list[list[int]]:

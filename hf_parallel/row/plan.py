@@ -113,16 +113,27 @@ class AttentionPlan:
 
     @classmethod
     def for_slots(cls, q_slot: torch.Tensor, ids: SlotIds, kv_len: int | None = None, **fields) -> AttentionPlan:
-        """Plan a forward over the tokens written at `q_slot` ([N] int64, on the ids' device).
+        """Plan a forward over the tokens written at `q_slot` ([N] int64, on the host or the ids' device).
 
-        `kv_len` defaults to the last slot any query may see (a host sync); a CUDA graph
-        passes the row's capacity instead, so the plan is built from device ops alone.
-        `fields`: a subclass's own fields.
+        `kv_len` defaults to the last slot any query may see (read on the host: pass host slots, or a host
+        sync follows); a CUDA graph passes the row's capacity instead, so the plan is built from device ops
+        alone.  `fields`: a subclass's own fields.
         """
-        q_slot = q_slot.contiguous()  # kernels index it flat
         if kv_len is None:
             kv_len = int(q_slot.max()) + 1
+        q_slot = upload(q_slot, ids.slot_seg.device).contiguous()  # kernels index it flat
         return cls(q_slot, ids.slot_seg[q_slot], ids.slot_pos[q_slot], kv_len, ids, **fields)
+
+
+def upload(tensor: torch.Tensor, device) -> torch.Tensor:
+    """`tensor` on `device`; a host tensor goes to a GPU through pinned memory, behind the work already queued
+    there and without waiting for it (a plain copy from pageable memory waits for the GPU's queue to drain)."""
+    device = normal_device(device)
+    if tensor.device == device:
+        return tensor
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _moved(value, device: torch.device, non_blocking: bool):

@@ -153,7 +153,7 @@ class Run:
                 raise _engine_error(event[2])
             else:
                 self.buffer.append(event)
-        self.answer.rooms = [r.room for r in self.requests]
+        self.answer.rooms = [r.max_new_tokens for r in self.requests]
 
     async def events(self):
         """The response as server-sent events; the client gone (the generator closed), its streams are cancelled."""

@@ -115,7 +115,7 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
             if job.answer.open <= 0:
                 continue  # failed already
             if kind == "accepted":
-                job.answer.rooms[p] = job.requests[p].room
+                job.answer.rooms[p] = job.requests[p].max_new_tokens
                 continue
             if kind == "error":
                 for request in job.requests:

@@ -1,11 +1,12 @@
-"""How much of a workload one packed row may hold: slots and live streams from a memory budget.
+"""How large one packed row may be: its slots and most live streams, from a memory budget.
 
 The budget is the user's `max_memory`, or what the device has free (CUDA: `mem_get_info` plus
 the blocks PyTorch's caching allocator holds unused, plus a `RowKeeper`'s kept row, which the call
 reuses or frees; CPU: the available physical memory).  From it come the forward's working memory (hidden
 states and MLP activations of the largest forward, and the float32 logits and processed
-scores of every live stream) and the recurrent state of every live stream; the rest holds
-K/V slots at the bytes per slot the probe found (`Support.slot_bytes`).
+scores of every live stream) and the recurrent state of every live stream (twice: its lane's, and its
+prompt's end, kept until it starts); the rest holds
+K/V slots at the bytes per slot the probe found (`ModelProfile.slot_bytes`).
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import torch
 from transformers import PreTrainedModel
 
 from ..decoding.options import parse_memory
-from .patching import Support
+from .patching import ModelProfile
 
 FREE_FRACTION = 0.9  # of the device's free memory: the allocator's fragmentation and other users' share
 MAX_STREAMS = 4096  # live streams of one row: beyond this, a step's logits outgrow what a step gains
 
 
 @dataclass(frozen=True)
-class RowBudget:
+class RowSize:
     """capacity: K/V slots of the row; streams: most live streams; bytes: the memory it was sized from."""
 
     capacity: int
@@ -41,9 +42,14 @@ def free_memory(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def row_budget(
-    model: PreTrainedModel, support: Support, chunk: int, max_memory=None, streams: int = MAX_STREAMS, kept: int = 0
-) -> RowBudget:
+def size_row(
+    model: PreTrainedModel,
+    profile: ModelProfile,
+    chunk: int,
+    max_memory=None,
+    streams: int = MAX_STREAMS,
+    kept: int = 0,
+) -> RowSize:
     """The row that fits `max_memory` (bytes or "40GiB"; None: the device's free memory and the `kept` bytes of a
     session's row, which the call reuses or frees), for at most `streams` live streams (fewer when their working
     memory would take more than a quarter of the budget).
@@ -56,25 +62,25 @@ def row_budget(
         total = int((free_memory(model.device) + kept) * FREE_FRACTION)
     config = model.config.get_text_config()
     # a stream's recurrent state, logits and scores (float32), and its token's share of a forward
-    per_stream = support.stream_bytes + 2 * 4 * config.vocab_size + _forward_bytes(model, 1)
+    per_stream = 2 * profile.stream_bytes + 2 * 4 * config.vocab_size + _forward_bytes(model, 1)
     streams = max(1, min(streams, MAX_STREAMS))
     while streams > 1 and streams * per_stream > total // 4:
         streams //= 2
     work = _forward_bytes(model, chunk) + streams * per_stream
-    capacity = (total - work) // max(support.slot_bytes, 1)
+    capacity = (total - work) // max(profile.slot_bytes, 1)
     if capacity < 2:
         raise ValueError(
             f"max_memory of {size(total)} holds not even one short prompt: a forward of {chunk} tokens "
             f"needs about {size(work)} besides the cache"
         )
-    return RowBudget(int(capacity), streams, total)
+    return RowSize(int(capacity), streams, total)
 
 
-def too_large(index: int, slots: int, budget: RowBudget) -> ValueError:
-    """The error for prompt `index`: it needs `slots` (its tokens plus max_new_tokens), more than a row of `budget`."""
+def too_large(index: int, slots: int, row: RowSize) -> ValueError:
+    """The error for prompt `index`: it needs `slots` (its tokens plus max_new_tokens), more than `row` holds."""
     return ValueError(
         f"prompt {index} needs {slots} slots (its tokens plus max_new_tokens) but the memory budget "
-        f"holds {budget.capacity} tokens of K/V ({size(budget.bytes)}); raise max_memory or lower "
+        f"holds {row.capacity} tokens of K/V ({size(row.bytes)}); raise max_memory or lower "
         "max_new_tokens"
     )
 

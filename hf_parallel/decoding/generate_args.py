@@ -51,7 +51,7 @@ class Prepared:
     prompt_len: int
 
     @property
-    def budget(self) -> int:
+    def max_new_tokens(self) -> int:
         """New tokens this prompt may get, as generate's MaxLengthCriteria counts them."""
         return self.config.max_length - self.prompt_len
 
@@ -61,7 +61,7 @@ class Prepared:
 
 
 @dataclass
-class GenerateRequest:
+class GenerateArgs:
     """One call's `model.generate` options, kept verbatim so that generate itself prepares each prompt.
 
     kwargs:           GenerationConfig-named options, exactly as a user would pass them to generate.

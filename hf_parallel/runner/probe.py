@@ -8,7 +8,7 @@ from the cache by a forward pre-hook instead.  Then a prompt's logits alone must
 after another prompt and beside a prompt sharing its start (no state kept outside the cache).  Layers
 with a recurrent state are found by class and run per segment (`hf_parallel.models.recurrent`).
 
-The verdict, a `Support`, is kept per model; a refusal is a NotImplementedError naming one of
+The verdict, a `ModelProfile`, is kept per model; a refusal is a NotImplementedError naming one of
 `hf_parallel.models.checks.REASONS`.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import weakref
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -27,17 +28,18 @@ from ..attention.reference import ReferenceBackend
 from ..decoding.options import GenerationOptions
 from ..models.checks import check_model, refuse
 from ..models.compiled_parts import fusable_parts
-from ..models.recurrent import segmented
+from ..models.recurrent import SegmentRuns, segmented
 from ..row.cache import PackedCache, PackedLayer
+from ..row.contents import FixedRow
 from ..row.layout import build_layout
-from .patching import Support, model_lock, use_model
-from .runner import Runner
+from .model_runner import ForwardInputs, ModelRunner
+from .patching import ModelProfile, model_lock, use_model
 
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def check_support(model: PreTrainedModel) -> Support:
-    """The model's `Support`, probed once per model; NotImplementedError naming the reason when refused,
+def check_support(model: PreTrainedModel) -> ModelProfile:
+    """The model's `ModelProfile`, probed once per model; NotImplementedError naming the reason when refused,
     ValueError for a model in training mode."""
     if model.training:
         raise ValueError("put the model in eval mode (model.eval()) before generating")
@@ -47,14 +49,14 @@ def check_support(model: PreTrainedModel) -> Support:
         return _VERDICTS[model]
 
 
-def probe_model(model: PreTrainedModel) -> Support:
-    """Probe `model` (the module docstring); its `Support`, or NotImplementedError naming the reason."""
+def probe_model(model: PreTrainedModel) -> ModelProfile:
+    """Probe `model` (the module docstring); its `ModelProfile`, or NotImplementedError naming the reason."""
     check_model(model)
     names = {module: name for name, module in model.named_modules()}
     mixers = [names[mixer] for _, _, mixer in segmented(model)]
     recurrent = {model.get_submodule(name).layer_idx for name in mixers}
     layers = model.config.get_text_config().num_hidden_layers
-    support = Support(
+    support = ModelProfile(
         ["hybrid" if i in recurrent else "attention" for i in range(layers)], [], mixers, _cache_class(model)
     )
     recorder = _Recorder()
@@ -91,7 +93,7 @@ def _windowed_layers(model: PreTrainedModel) -> set[int]:
     return {i for i, layer in enumerate(cache.layers) if "Sliding" in type(layer).__name__}
 
 
-def _check_isolation(model: PreTrainedModel, support: Support) -> None:
+def _check_isolation(model: PreTrainedModel, support: ModelProfile) -> None:
     """What the plan cannot show: a prompt's logits alone equal its logits packed after another prompt and beside
     a prompt sharing its start, and, with recurrent layers, prefilled in two chunks equal prefilled whole."""
     vocab = model.config.get_text_config().vocab_size
@@ -115,12 +117,37 @@ def _check_isolation(model: PreTrainedModel, support: Support) -> None:
         raise refuse(model, "leak")
 
 
-def _prompt_logits(model: PreTrainedModel, support: Support, prompts: list[list[int]], chunk: int) -> torch.Tensor:
-    backend = ReferenceBackend()
-    opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False, prefill_chunk=chunk)
-    runner = Runner(model, build_layout(prompts, 1), opts, backend, support)
-    with torch.inference_mode(), use_model(model, backend, support):
-        return runner.prefill().float()
+def _prompt_logits(model: PreTrainedModel, support: ModelProfile, prompts: list[list[int]], chunk: int) -> torch.Tensor:
+    """Logits [P, V] at each prompt's last token, the prompts prefilled `chunk` tokens a forward."""
+    layout = build_layout(prompts, 1)
+    return _prefill(_runner(model, support, ReferenceBackend(), layout), layout, chunk)
+
+
+def _runner(model, support: ModelProfile, backend, layout) -> ModelRunner:
+    opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False)
+    runner = ModelRunner(model, support, opts, backend, layout.num_slots)
+    runner.relayout(layout)
+    return runner
+
+
+def _prefill(runner: ModelRunner, layout, chunk: int) -> torch.Tensor:
+    rows, out = FixedRow(layout), {}
+    with torch.inference_mode(), use_model(runner.model, runner.backend, runner.profile):
+        while True:
+            part = rows.prefill(chunk)
+            if not len(part.slots):
+                break
+            ends = {}
+            for p in range(layout.num_prompts):
+                end = rows.prompt_end(p) if p not in out else None
+                if end is not None:
+                    ends[end[0]] = p
+            keep = np.array([i for i, s in enumerate(part.slots.tolist()) if s in ends], dtype=np.int64)
+            tokens = torch.from_numpy(part.tokens).to(runner.device)
+            logits = runner.forward(ForwardInputs(part.slots, tokens, keep, segment_runs=SegmentRuns(runs=part.runs)))
+            for row, i in zip(logits, keep.tolist()):
+                out[ends[int(part.slots[i])]] = row
+    return torch.stack([out[p] for p in range(layout.num_prompts)]).float()
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> bool:
@@ -165,15 +192,13 @@ class _Recorder(AttentionBackend):
         return ReferenceBackend.attention(module, query, key, value, None, *args, pp_plan=pp_plan, **kwargs)
 
 
-def _probe_forward(model: PreTrainedModel, support: Support, recorder: _Recorder) -> None:
+def _probe_forward(model: PreTrainedModel, support: ModelProfile, recorder: _Recorder) -> None:
     vocab = model.config.get_text_config().vocab_size
     layout = build_layout([[1 % vocab, 2 % vocab]], 1)
-    opts = GenerationOptions(max_new_tokens=1, cuda_graphs=False, prefill_chunk=2)
-    runner = Runner(model, layout, opts, recorder, support)
+    runner = _runner(model, support, recorder, layout)
     _record_writes(runner.cache, recorder.events)
     try:
-        with torch.inference_mode(), use_model(model, recorder, support):
-            runner.prefill()
+        _prefill(runner, layout, 2)
     finally:
         del runner.cache.update  # the recording wrapper refers to the cache: no cycle may outlive the probe
     kv = [layer for layer in runner.cache.layers if isinstance(layer, PackedLayer)]

@@ -1,4 +1,4 @@
-"""What a call sets on a model, and takes back when it ends: `Support` says what, `use_model` does it.
+"""What a call sets on a model, and takes back when it ends: `ModelProfile` says what, `use_model` does it.
 
 For the block of a call, the model's attention runs through an attention backend, attention modules
 that miss the plan get it from the cache, recurrent mixers are stood in for by segmented ones, and,
@@ -27,8 +27,8 @@ from ..row.cache import PackedCache
 
 
 @dataclass
-class Support:
-    """How the packed row serves one model, as its probe found (`hf_parallel.engine.probe.check_support`).
+class ModelProfile:
+    """What the support probe found of one model, and so how the packed row serves it (`runner.probe.check_support`).
 
     kinds:       per layer, "attention" or "hybrid" (K/V and a recurrent state).
     plan_hooks:  names of attention modules that do not receive the attention kwargs.
@@ -106,29 +106,29 @@ def model_lock(model: PreTrainedModel) -> ModelLock:
 
 @contextlib.contextmanager
 def use_model(
-    model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool = False, group: bool = False
+    model: PreTrainedModel, backend: AttentionBackend, profile: ModelProfile, fuse: bool = False, group: bool = False
 ):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
     with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM.
     The block holds the model (`model_lock`): another thread's call on it waits."""
     with model_lock(model).held():
-        yield from _set_up(model, backend, support, fuse, group)
+        yield from _set_up(model, backend, profile, fuse, group)
 
 
-def _set_up(model: PreTrainedModel, backend: AttentionBackend, support: Support, fuse: bool, group: bool):
+def _set_up(model: PreTrainedModel, backend: AttentionBackend, profile: ModelProfile, fuse: bool, group: bool):
     """`use_model`'s set-up, yielded inside, taken back after."""
     hooks = [
         model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
-        for name in support.plan_hooks
+        for name in profile.plan_hooks
     ]
     swapped = []
-    for name in support.mixers:
+    for name in profile.mixers:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         swapped.append((parent, attr, getattr(parent, attr)))
-        setattr(parent, attr, SegmentedMixer(getattr(parent, attr), support.token_by_token))
+        setattr(parent, attr, SegmentedMixer(getattr(parent, attr), profile.token_by_token))
     try:
-        with use_attention(model, backend), fused(model, support.fusable if fuse else []), grouped(model, group):
+        with use_attention(model, backend), fused(model, profile.fusable if fuse else []), grouped(model, group):
             yield
     finally:
         for hook in hooks:
