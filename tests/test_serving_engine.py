@@ -380,3 +380,31 @@ def test_rounds_record_no_autograd_graph(model):
         engine.close(10)
         handle.remove()
     assert seen and all(seen)
+
+
+def test_prompt_lookup_in_a_live_row_matches_generate(monkeypatch):
+    """The engine's default drafts (`prompt_lookup_num_tokens`), a request's own (another k, or none), streams of
+    requests arriving while others draft: each answer is model.generate's alone, in fewer forwards than tokens."""
+    from .test_speculation import Oracle, prompts_with_repeats
+
+    model = tiny_model("qwen2")
+    prompts = prompts_with_repeats(3, questions=6)
+    limits = [10 + i % 5 for i in range(len(prompts))]
+    free = [generate_alone(model, p, 16) for p in prompts]
+    eos = [free[2][6]]
+    want = [generate_alone(model, p, n, eos=eos) for p, n in zip(prompts, limits)]
+    Oracle(prompts, free, every=4).install(monkeypatch)
+    engine = engine_for(model, 600, prompt_lookup_num_tokens=5)
+    try:
+        collectors = []
+        for i, (prompt, n) in enumerate(zip(prompts, limits)):
+            own = {1: {"prompt_lookup_num_tokens": 3}, 4: {"prompt_lookup_num_tokens": None}}.get(i, {})
+            collectors.append(Collector())
+            engine.submit(prompt, dict(max_new_tokens=n, eos_token_id=eos, **own), 1, collectors[-1])
+            if i == 2:
+                collectors[0].wait()  # later requests join a row whose streams draft
+        assert [c.wait().tokens[0] for c in collectors] == want
+        stats = engine.core.stats
+        assert stats.tokens >= 2 * stats.stream_forwards  # drafts were accepted
+    finally:
+        engine.close(10)

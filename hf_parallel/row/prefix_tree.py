@@ -224,7 +224,7 @@ class PrefixTree(RowContents):
     def collect_unwritten(self) -> None:
         """Free the nodes no placed stream goes through whose tokens are not all written (a prompt left before
         its prefill ended): a retained prefix must be whole to be reused."""
-        for node in self.nodes():
+        for node in list(self.unwritten):  # every node not fully written is there (`pending` keeps it so)
             if node.users == 0 and node.written < len(node.tokens) and self._attached(node):
                 self._detach_tree(node)
 
