@@ -333,8 +333,8 @@ def test_greedy_streams_of_many_requests_choose_in_one_pass(model):
             engine.submit(prompt, {**options, **({"repetition_penalty": 1.2} if i == 6 else {})}, 1, c)
         while not all(len(c.tokens.get(0, [])) >= 3 for c in collectors):
             time.sleep(0.001)
-        kinds = sorted(type(g).__name__ for g in list(engine.core.groups))
-        pool = next(g for g in engine.core.groups if isinstance(g, GreedyGroup))
+        kinds = sorted(type(g).__name__ for g in list(engine.core.scheduler.groups))
+        pool = next(g for g in engine.core.scheduler.groups if isinstance(g, GreedyGroup))
         assert kinds == ["GreedyGroup", "ProcessedGroup"] and len(pool.streams) == 6
         for c in collectors:
             c.wait()

@@ -282,14 +282,14 @@ class Engine:
 
     def _requests(self) -> list[Request]:
         """The requests queued in the core or in its row."""
-        live = {id(s.request): s.request for s in self.core.live.values()}
-        return self.core.policy.queued() + list(live.values())
+        return self.core.scheduler.requests()
 
     def _count(self) -> None:
-        counters, stats, core = self.counters, self.core.stats, self.core
+        counters, stats, scheduler = self.counters, self.core.stats, self.core.scheduler
         counters.rounds = stats.rounds
         counters.cancelled, counters.failed = stats.cancelled + self._dropped, stats.failed + self._refused
         with self._wake:  # the queue also counts what `submit` added meanwhile
-            counters.queued = len(self._inbox) + core.policy.waiting()
-        counters.live_streams = sum(s.status in (Status.PREFILL, Status.DECODE) for s in core.live.values())
-        counters.resident_slots, counters.retained_slots = core.policy.contents.used(), core.policy.contents.retained()
+            counters.queued = len(self._inbox) + scheduler.policy.waiting()
+        counters.live_streams = sum(s.status in (Status.PREFILL, Status.DECODE) for s in scheduler.live.values())
+        contents = scheduler.policy.contents
+        counters.resident_slots, counters.retained_slots = contents.used(), contents.retained()
