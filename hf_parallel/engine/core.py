@@ -185,10 +185,10 @@ class EngineCore:
             tokens = host[at : at + n * width].reshape(n, width)
             counts, stops = host[at + n * width : at + n * width + n], host[at + n * width + n : at + n * width + 2 * n]
             at += n * width + 2 * n
-            for stream, row, count, stop in zip(c.streams, tokens, counts.tolist(), stops.tolist()):
+            for stream, row, count, stop in zip(c.streams, tokens.tolist(), counts.tolist(), stops.tolist()):
                 if stream.status is not Status.DECODE:
                     continue  # ended before this round was read (fed once more, or gone)
-                new = row[: min(count, stream.max_new_tokens - len(stream.tokens))].tolist()
+                new = row[: min(count, stream.max_new_tokens - len(stream.tokens))]
                 stream.tokens += new
                 self.stats.tokens += len(new)
                 news.setdefault(id(stream.request), (stream.request, []))[1].extend((stream.answer, t) for t in new)
