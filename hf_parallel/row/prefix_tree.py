@@ -57,7 +57,7 @@ class Node:
     users: int = 0  # placed streams whose prompt goes through this node
     written: int = 0  # leading tokens whose K/V is in the cache
     stream: int = -1  # answer regions: the stream's key
-    index: int = -1  # segment id in the latest snapshot
+    segment: int = -1  # its segment id in the latest snapshot
     used: int = 0  # the tree's placement count when a prompt last went through it (least recently used first)
     key: int = field(default_factory=lambda: next(_KEYS))
 
@@ -158,7 +158,7 @@ class PrefixTree(RowContents):
         pre-order (`streams`: their keys)."""
         nodes = self.nodes()
         for i, n in enumerate(nodes):
-            n.index = i
+            n.segment = i
         segments = [Segment(_index(n.parent), n.depth, n.tokens, n.max_new_tokens, slot_start=n.slot) for n in nodes]
         for i in range(len(nodes) - 1, -1, -1):  # pre-order interval ends
             segments[i].end = max(segments[i].end, i + 1)
@@ -169,7 +169,7 @@ class PrefixTree(RowContents):
         layout = Layout(
             segments,
             [_index(a.parent) for a in answers],
-            [a.index for a in answers],
+            [a.segment for a in answers],
             [a.depth for a in answers],
             most,
             False,
@@ -334,7 +334,7 @@ class PrefixTree(RowContents):
 
 def _index(node: Node | None) -> int:
     """A node's segment id, -1 for the tree's root holder."""
-    return node.index if node is not None and node.parent is not None else -1
+    return node.segment if node is not None and node.parent is not None else -1
 
 
 def _state_key(node: Node) -> int | None:
