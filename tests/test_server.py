@@ -237,6 +237,43 @@ def test_bad_chat_and_routes(served):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
+def test_chat_content_as_text_parts_is_the_parts_joined_by_newlines(served):
+    """OpenAI clients send content as a list of parts: its text parts answer as the one string they make."""
+    server, engine, model, tokenizer = served
+    texts = ["What is the capital of France?", "Answer in one word."]
+    expected = alone(model, tokenizer, chat_ids(tokenizer, [{"role": "user", "content": "\n".join(texts)}]), 8)
+    parts = [{"type": "text", "text": t} for t in texts]
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    system = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    messages = [system, {"role": "user", "content": parts}]
+    response = client.chat.completions.create(model=NAME, messages=messages[1:], max_tokens=8, temperature=0)
+    assert response.choices[0].message.content == expected
+    both = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n".join(texts)}]
+    with_system = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    assert with_system.choices[0].message.content == alone(model, tokenizer, chat_ids(tokenizer, both), 8)
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "http://127.0.0.1/cat.png"}}
+BAD_MESSAGES = [  # (messages, the param named, a word the message holds, a word it does not)
+    ([{"role": "king", "content": "x"}], "messages[0].role", "'king'", "content"),
+    ([{"role": "user", "content": "x"}, {"role": "user", "content": 5}], "messages[1].content", "content", "role"),
+    ([{"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE]}], "messages[0].content[1]", "'image_url'",
+     "role"),
+    ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "messages[0].content[0].text", "text", "role"),
+    ([{"role": "user", "content": []}], "messages[0].content", "content", "role"),
+    (["hello"], "messages[0]", "object", "template"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("messages, param, said, unsaid", BAD_MESSAGES, ids=[str(i) for i in range(len(BAD_MESSAGES))])
+def test_a_bad_message_names_its_role_content_or_part(served, messages, param, said, unsaid):
+    server = served[0]
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": NAME, "messages": messages})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and said in error["message"] and unsaid not in error["message"]
+
+
 def test_a_client_gone_mid_stream_gives_its_room_back(served):
     server, engine, model, tokenizer = served
     body = {"model": NAME, "prompt": DOCUMENTS[1] + " Tell me a long story.", "max_tokens": 400, "temperature": 0,
