@@ -127,7 +127,7 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
         import uvicorn  # optional: the `serve` extra
 
         from ..server.app import create_app  # optional: FastAPI, of the `serve` extra
-        from ..server.draining import DrainingServer
+        from ..server.draining import DrainingServer  # optional: uvicorn, of the `serve` extra
     except ImportError as error:
         parser.fail(f"hf-parallel serve needs FastAPI and uvicorn ({error}): pip install 'hf-parallel[serve]'")
     max_body = _size(parser, "--max-body", args.max_body)
@@ -149,6 +149,7 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
 def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel batch`: every line of --input answered into --output (BATCH_HELP); no model loaded where every
     line is answered already.  Exit status 0 once every line has an output line, error lines included."""
+    # start-up: the server and the engine load only when a command runs (module docstring)
     from ..server.batch import Summary, run_batch, sort_output, tally, unanswered
 
     if not os.path.exists(args.input):
@@ -177,8 +178,9 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
 
 def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     """(Engine, tokenizer, served name) from the model flags; a usage error where they cannot be met."""
+    # start-up: torch, transformers and the engine load only when a command runs
     from ..engine.serving import Engine
-    from .answer import load_named
+    from .answer import load_named  # start-up, as above
 
     if args.max_memory is not None:
         _size(parser, "--max-memory", args.max_memory)
@@ -195,7 +197,7 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
 
 def _size(parser: UsageParser, flag: str, text: str) -> int:
     """Bytes of a size flag (such as 4MiB); a usage error for one that is no size."""
-    from ..decoding.options import parse_memory
+    from ..decoding.options import parse_memory  # start-up: it imports torch
 
     try:
         size = parse_memory(text)
@@ -208,7 +210,7 @@ def _size(parser: UsageParser, flag: str, text: str) -> int:
 
 def _banner(engine, name: str, attn: str) -> str:
     """What the server serves, as its start-up line says it: the model, dtype, device, attention path and row."""
-    from ..attention import BACKENDS, resolve_backend
+    from ..attention import BACKENDS, resolve_backend  # start-up: it imports torch
 
     model = engine.model
     backend = resolve_backend(attn, model.device)
