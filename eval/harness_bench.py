@@ -82,7 +82,7 @@ def backends(args, pretrained: str):
     common = dict(pretrained=pretrained, dtype=args.dtype, device=args.device)
     for size in args.hf_batch_sizes.split(","):
         yield f"hf bs={size}", lambda size=size: HFLM(**common, batch_size=size, max_batch_size=args.max_batch_size)
-    own = dict(attn=args.attn, max_memory=args.max_memory, batch_size=args.batch_size)
+    own = dict(attn=args.attn, max_memory=args.max_memory, max_call_tokens=args.max_call_tokens)
     yield "hf-parallel", lambda: HFParallelLM(**common, **own)
 
 
@@ -170,7 +170,7 @@ def _environment(args, pretrained: str) -> dict:
     return {"device": device, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "transformers": transformers.__version__, "lm_eval": lm_eval.__version__, "pretrained": pretrained,
             "dtype": args.dtype, "limit": args.limit, "num_fewshot": args.num_fewshot, "attn": args.attn,
-            "batch_size": args.batch_size, "max_memory": args.max_memory}  # fmt: skip
+            "max_call_tokens": args.max_call_tokens, "max_memory": args.max_memory}  # fmt: skip
 
 
 def _cpu_name() -> str:
@@ -189,7 +189,9 @@ def main() -> None:
     parser.add_argument("--num-fewshot", type=int, default=None, help="shots (default: each task's own)")
     parser.add_argument("--hf-batch-sizes", default="1,4,16", help="hf's batch sizes, 1 first (the reference)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="hf's largest batch size under 'auto'")
-    parser.add_argument("--batch-size", default="auto", help="hf-parallel's tokens per call, or 'auto'")
+    parser.add_argument(
+        "--max-call-tokens", default=None, help="hf-parallel's most tokens per call (default: the memory budget's)"
+    )
     parser.add_argument("--attn", default="auto")
     parser.add_argument("--max-memory", default=None)
     parser.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's)")

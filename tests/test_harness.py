@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 
 from hf_parallel.cli import main as hf_parallel_main  # noqa: E402
 from hf_parallel.harness import HFParallelLM, main  # noqa: E402
-from hf_parallel.harness.arguments import budget_tokens, check_arguments  # noqa: E402
+from hf_parallel.harness.arguments import batch_size_notice, call_tokens, check_arguments  # noqa: E402
 from hf_parallel.harness.cli import TASKS, harness_argv  # noqa: E402
 from hf_parallel.harness.compare import LL_ATOL, compare_runs  # noqa: E402
 from hf_parallel.harness.embedded import save_model_dir  # noqa: E402
@@ -48,11 +49,20 @@ def test_calls_keep_shared_prefixes_together_within_the_cap():
     assert calls_by_prefix([[1, 2, 3, 4], [1, 2, 3, 5], [7, 8, 9]], None, keys_per_token=1) == [[0], [1], [2]]
 
 
-def test_batch_size_is_a_token_budget_and_model_arguments_are_checked():
-    assert budget_tokens(1) is None and budget_tokens("auto") is None and budget_tokens("auto:4") is None
-    assert budget_tokens("4096") == 4096
-    with pytest.raises(ModelArgumentError, match="batch_size"):
-        budget_tokens("many")
+def test_batch_size_is_hfs_and_ignored_and_max_call_tokens_is_the_token_budget():
+    """batch_size takes what `hf` takes (requests per call, "auto", "auto:N") and says it is ignored unless it is
+    the harness's default; max_call_tokens is a number of tokens."""
+    assert batch_size_notice(1) is None and batch_size_notice("1") is None
+    for value in (8, "8", "auto", "auto:4", "auto:0.5"):
+        notice = batch_size_notice(value)
+        assert f"batch_size={value}" in notice and "ignores it" in notice and "max_call_tokens=" in notice
+    for value in ("many", 0, "-3", "auto:x", "8 tokens"):
+        with pytest.raises(ModelArgumentError, match="batch_size=.*a number of requests, 'auto' or 'auto:N'"):
+            batch_size_notice(value)
+    assert call_tokens(None) is None and call_tokens(4096) == 4096 and call_tokens("512") == 512
+    for value in ("lots", 0, "1.5"):
+        with pytest.raises(ModelArgumentError, match="max_call_tokens="):
+            call_tokens(value)
     check_arguments({"revision": "main", "add_bos_token": True})
     with pytest.raises(ModelArgumentError, match="unknown model argument atn='triton'.*attn"):
         check_arguments({"atn": "triton"})
@@ -209,6 +219,45 @@ def test_bad_requests_name_the_request(backends, smollm2):
     model, tokenizer = smollm2
     with pytest.raises(ModelArgumentError, match="unknown model argument max_memroy"):
         HFParallelLM(model, tokenizer=tokenizer, max_memroy="1GiB")
+
+
+@pytest.mark.slow
+def test_batch_size_8_computes_what_the_default_computes(smollm2, caplog):
+    """`--batch_size 8`, a harness habit, packs calls as the default does: the same tokens computed (shared
+    few-shot prefixes once), where a budget of 8 tokens per call computed every request whole.  Only
+    max_call_tokens bounds a call."""
+    model, tokenizer = smollm2
+    questions = ["What is the capital of Italy?", "Who wrote Hamlet?", "What is 2 + 2?", "Name a color."]
+    contexts = [f"{SHOT * 3}Question: {q}\nAnswer:" for q in questions]
+    scored = [
+        request("loglikelihood", (c, x), d, i) for d, c in enumerate(contexts) for i, x in enumerate([" A", " B"])
+    ]
+    generated = [
+        request("generate_until", (c, {"until": ["\n"], "max_gen_toks": 3}), d) for d, c in enumerate(contexts)
+    ]
+    runs = {}
+    for label, args in [
+        ("default", {}),
+        ("batch_size=8", {"batch_size": 8}),
+        ("max_call_tokens=8", {"max_call_tokens": 8}),
+    ]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_parallel.harness"):
+            lm = HFParallelLM(model, tokenizer=tokenizer, **args)
+        notices = [r.getMessage() for r in caplog.records if "batch_size" in r.getMessage()]
+        assert len(notices) == (label == "batch_size=8")
+        answers = lm.loglikelihood(scored, disable_tqdm=True), lm.generate_until(generated, disable_tqdm=True)
+        runs[label] = answers, {kind: (u.requested_tokens, u.computed_tokens) for kind, u in lm.usage.items()}
+    (answers, usage), (answers8, usage8), (_, bounded) = (
+        runs["default"],
+        runs["batch_size=8"],
+        runs["max_call_tokens=8"],
+    )
+    assert usage8 == usage  # (requested, computed) tokens per request type
+    assert answers8 == answers
+    for kind, (requested, computed) in usage.items():
+        assert computed < requested / 2, kind  # the three shots are computed once, not four times
+        assert bounded[kind] == (requested, requested), kind  # calls of 8 tokens: every request whole, alone
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,17 @@
 
 Every answer is compared with plain `model.generate` on its prompt alone (greedy), computed before the server
 starts; whatever else shares the row and whenever it arrives.  Bad requests, a full queue, a client that
-disconnects and the API key are checked through HTTP, as a client sees them.
+disconnects, the API key, the body limit and the drain on SIGTERM are checked through HTTP, as a client sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
+import secrets
+import signal
 import socket
 import threading
 import time
@@ -25,6 +28,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from hf_parallel.engine.serving import Engine  # noqa: E402
 from hf_parallel.frontends.demo import PASSAGE, QUESTIONS  # noqa: E402
 from hf_parallel.server.app import create_app  # noqa: E402
+from hf_parallel.server.draining import DrainingServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 NAME = "SmolLM2-135M-Instruct"
@@ -42,13 +46,14 @@ ASKS = ["What is it about?", "Where is it?", "Summarize it in one sentence.", "N
 
 
 class Server:
-    """An app on 127.0.0.1 (a free port), run by uvicorn on a thread; `stop()` shuts it down."""
+    """An app on 127.0.0.1 (a free port), run by uvicorn on a thread (`make`: the server class over a config);
+    `stop()` shuts it down."""
 
-    def __init__(self, app):
+    def __init__(self, app, make=uvicorn.Server, **config):
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = make(uvicorn.Config(app, **{"log_level": "warning", **config}))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -237,6 +242,43 @@ def test_bad_chat_and_routes(served):
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
 
 
+def test_chat_content_as_text_parts_is_the_parts_joined_by_newlines(served):
+    """OpenAI clients send content as a list of parts: its text parts answer as the one string they make."""
+    server, engine, model, tokenizer = served
+    texts = ["What is the capital of France?", "Answer in one word."]
+    expected = alone(model, tokenizer, chat_ids(tokenizer, [{"role": "user", "content": "\n".join(texts)}]), 8)
+    parts = [{"type": "text", "text": t} for t in texts]
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    system = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    messages = [system, {"role": "user", "content": parts}]
+    response = client.chat.completions.create(model=NAME, messages=messages[1:], max_tokens=8, temperature=0)
+    assert response.choices[0].message.content == expected
+    both = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "\n".join(texts)}]
+    with_system = client.chat.completions.create(model=NAME, messages=messages, max_tokens=8, temperature=0)
+    assert with_system.choices[0].message.content == alone(model, tokenizer, chat_ids(tokenizer, both), 8)
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "http://127.0.0.1/cat.png"}}
+BAD_MESSAGES = [  # (messages, the param named, a word the message holds, a word it does not)
+    ([{"role": "king", "content": "x"}], "messages[0].role", "'king'", "content"),
+    ([{"role": "user", "content": "x"}, {"role": "user", "content": 5}], "messages[1].content", "content", "role"),
+    ([{"role": "user", "content": [{"type": "text", "text": "x"}, IMAGE]}], "messages[0].content[1]", "'image_url'",
+     "role"),
+    ([{"role": "user", "content": [{"type": "text", "text": 3}]}], "messages[0].content[0].text", "text", "role"),
+    ([{"role": "user", "content": []}], "messages[0].content", "content", "role"),
+    (["hello"], "messages[0]", "object", "template"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("messages, param, said, unsaid", BAD_MESSAGES, ids=[str(i) for i in range(len(BAD_MESSAGES))])
+def test_a_bad_message_names_its_role_content_or_part(served, messages, param, said, unsaid):
+    server = served[0]
+    response = httpx.post(f"{server.url}/v1/chat/completions", json={"model": NAME, "messages": messages})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and said in error["message"] and unsaid not in error["message"]
+
+
 def test_a_client_gone_mid_stream_gives_its_room_back(served):
     server, engine, model, tokenizer = served
     body = {"model": NAME, "prompt": DOCUMENTS[1] + " Tell me a long story.", "max_tokens": 400, "temperature": 0,
@@ -255,43 +297,99 @@ def test_a_client_gone_mid_stream_gives_its_room_back(served):
     assert metric(server.url, "requests_cancelled_total") >= 1
 
 
-def test_an_api_key_is_needed_where_set(smollm2):
+@pytest.fixture(scope="module")
+def guarded(smollm2):
+    """A server of its own with an API key and a body limit of 4 KiB."""
     model, tokenizer = smollm2
-    engine = Engine(model, max_memory="256MiB")
-    server = Server(create_app(engine, tokenizer, NAME, api_key="sesame"))
-    try:
-        wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="guess", max_retries=0)
-        with pytest.raises(openai.AuthenticationError):
-            wrong.models.list()
-        right = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sesame", max_retries=0)
-        assert [m.id for m in right.models.list().data] == [NAME]
-    finally:
-        server.stop()
+    server = Server(create_app(Engine(model, max_memory="256MiB"), tokenizer, NAME, api_key="sesame", max_body=4096))
+    yield server
+    server.stop()
 
 
-def test_a_full_queue_answers_429_with_retry_after(smollm2):
+def test_an_api_key_is_needed_where_set_and_compared_in_constant_time(guarded, monkeypatch):
+    compared = []
+    constant_time = secrets.compare_digest
+    monkeypatch.setattr(secrets, "compare_digest", lambda a, b: compared.append(a) or constant_time(a, b))
+    wrong = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="guess", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    assert compared == [b"Bearer guess"]
+    for key in ("Bearer sesam", "Bearer sesame!", "sesame", "Bearer s\u00e9same".encode(), ""):
+        response = httpx.get(f"{guarded.url}/v1/models", headers={"Authorization": key})
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key"
+    right = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="sesame", max_retries=0)
+    assert [m.id for m in right.models.list().data] == [NAME]
+
+
+def status_line(url: str, head: str, parts: list[bytes]) -> bytes:
+    """The status code a server answers a request with whose body is `parts`, not ended: it must answer before the
+    body does (a socket that waits past 20 s fails the test)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        sock.sendall(head.encode() + b"".join(parts))
+        received = b""
+        while b"\r\n" not in received:
+            chunk = sock.recv(4096)
+            assert chunk, "the server closed the connection without an answer"
+            received += chunk
+    return received.split(b"\r\n")[0].split()[1]
+
+
+def test_a_body_past_the_limit_is_refused_with_413_before_it_is_read(guarded):
+    head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sesame\r\n"
+    # a gigabyte announced, none sent: refused by its Content-Length
+    assert status_line(guarded.url, head + "Content-Length: 1000000000\r\n\r\n", []) == b"413"
+    # chunked, 6,000 bytes sent and no end: refused once past the limit
+    chunk = b"%x\r\n" % 3000 + b" " * 3000 + b"\r\n"
+    chunked = head + "Transfer-Encoding: chunked\r\n\r\n"
+    assert status_line(guarded.url, chunked, [chunk, chunk]) == b"413"
+    body = json.dumps({"model": NAME, "prompt": "x" * 5000})
+    response = httpx.post(f"{guarded.url}/v1/completions", content=body, headers={"Authorization": "Bearer sesame"})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "body_too_large"
+    small = {"model": NAME, "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+    ok = httpx.post(f"{guarded.url}/v1/completions", json=small, headers={"Authorization": "Bearer sesame"}, timeout=60)
+    assert ok.status_code == 200
+
+
+class Logged(logging.Handler):
+    """The messages of the records a logger handles."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_a_drain_answers_503_to_health_and_new_requests_while_those_in_flight_finish(smollm2):
+    """The drain that SIGTERM starts (the signal's handler called as the signal calls it): /health and a new
+    request get 503, the stream in flight runs to its end, then the server shuts down.  The start-up line says
+    where it listens, through uvicorn's own logger."""
     model, tokenizer = smollm2
-    engine = Engine(model, max_memory="256MiB", max_streams=1, max_queue=1)
-    server = Server(create_app(engine, tokenizer, NAME))
+    logged = Logged()
+    logging.getLogger("uvicorn.error").addHandler(logged)
+    app = create_app(Engine(model, max_memory="256MiB"), tokenizer, NAME)
+    server = Server(app, lambda config: DrainingServer(config, grace=120, banner="Serving the test's model"),
+                    log_config=None, log_level="info")  # fmt: skip
     try:
-        body = {"model": NAME, "prompt": "Count to one hundred:", "max_tokens": 60, "temperature": 0}
-
-        async def main():
-            async with httpx.AsyncClient(timeout=60) as client:
-                first = asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body))
-                while not engine.counters.live_streams:
-                    await asyncio.sleep(0.01)
-                second = asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body))
-                while engine.counters.queued < 1:
-                    await asyncio.sleep(0.01)
-                third = await client.post(f"{server.url}/v1/completions", json=body)
-                return await first, await second, third
-
-        first, second, third = asyncio.run(main())
-        assert first.status_code == 200 and second.status_code == 200
-        assert third.status_code == 429 and third.headers["retry-after"] == "1"
-        assert third.json()["error"]["code"] == "queue_full"
+        assert f"Serving the test's model at {server.url}" in logged.messages
+        body = {"model": NAME, "prompt": "Count to one hundred:", "max_tokens": 64, "temperature": 0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data:"))
+            next(lines)
+            server.server.handle_exit(signal.SIGTERM, None)
+            health = httpx.get(f"{server.url}/health", timeout=10)
+            late = httpx.post(f"{server.url}/v1/completions", json={**body, "stream": False}, timeout=10)
+            rest = list(lines)
+        assert health.status_code == 503 and health.json() == {"status": "draining"}
+        assert late.status_code == 503 and late.json()["error"]["code"] == "unavailable"
+        assert rest[-1] == "data: [DONE]" and json.loads(rest[-2][5:])["usage"]["completion_tokens"] == 64
+        server.thread.join(30)
+        assert not server.thread.is_alive()
     finally:
+        logging.getLogger("uvicorn.error").removeHandler(logged)
         server.stop()
 
 

@@ -1,4 +1,5 @@
-"""`hf-parallel serve` and `hf-parallel batch` as processes: SIGTERM during load, and `kill -9` mid-batch.
+"""`hf-parallel serve` and `hf-parallel batch` as processes: the start-up line and SIGTERM's drain, and `kill -9`
+mid-batch.
 
 Each starts the command line on the embedded SmolLM2 (about 20 s to load on the CPU), on 127.0.0.1 only.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,16 +41,21 @@ def _command(*args: str) -> list[str]:
     return [sys.executable, "-m", "hf_parallel", *args]
 
 
-def test_sigterm_finishes_the_requests_in_flight_and_exits_0():
+def test_sigterm_drains_finishes_the_requests_in_flight_and_exits_0():
+    """The start-up line names what is served and where; on SIGTERM /health answers 503 while the streams in
+    flight run to their end; then the server exits 0."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     server = subprocess.Popen(_command("serve", "--port", str(port), "--grace", "60"), env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(server.stdout), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + STARTUP
         while True:
-            assert server.poll() is None, server.stdout.read()
+            assert server.poll() is None, "".join(output)
             try:
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
@@ -56,11 +63,15 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0():
                 pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.5)
+        capacity = next(line.split()[1] for line in httpx.get(f"{url}/metrics").text.splitlines()
+                        if line.startswith("hf_parallel_row_slots_capacity "))  # fmt: skip
+        started_line = f"Serving {NAME} (float32, cpu, attention reference, a row of {capacity} tokens) at {url}"
+        assert any(re.fullmatch(rf"INFO: +{re.escape(started_line)}\n", line) for line in output), output
         results, started = {}, threading.Barrier(9)
 
         def stream(i):
-            body = {"model": NAME, "prompt": f"Story number {i}: once upon a time", "max_tokens": 24,
-                    "temperature": 0, "stream": True}  # fmt: skip
+            body = {"model": NAME, "prompt": f"Story number {i}: once upon a time", "max_tokens": 48,
+                    "temperature": 0, "stream": True, "ignore_eos": True}  # fmt: skip
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
                 lines = r.iter_lines()
                 first = next(line for line in lines if line.startswith("data:"))
@@ -72,12 +83,14 @@ def test_sigterm_finishes_the_requests_in_flight_and_exits_0():
             t.start()
         started.wait(timeout=120)  # every stream has its first chunk
         server.send_signal(signal.SIGTERM)
+        health = httpx.get(f"{url}/health", timeout=10)
         for t in threads:
             t.join(120)
         assert server.wait(120) == 0
     finally:
         if server.poll() is None:
             server.kill()
+    assert health.status_code == 503 and health.json() == {"status": "draining"}
     assert sorted(results) == list(range(8))
     for lines in results.values():
         assert lines[-1] == "data: [DONE]"

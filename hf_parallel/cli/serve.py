@@ -1,7 +1,8 @@
 """`hf-parallel serve` (an OpenAI-compatible HTTP server) and `hf-parallel batch` (an OpenAI batch file).
 
 Both load one model, start one `Engine` over it and send every request to it, so requests that share
-a document or a system prompt share its computation.
+a document or a system prompt share its computation.  The flags and help import no torch, engine or
+server: those load inside the commands, so that `hf-parallel --help` answers at once.
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ import os
 import signal
 import sys
 
-from ..decoding.options import parse_memory
-from ..engine.serving import Engine
 from ..frontends.model_loading import DEFAULT_NAME, MODEL_HELP
-from ..server.batch import run_batch
-from .answer import ATTENTION, DTYPES, load_named
+from .answer import ATTENTION, DTYPES
 from .usage import UsageParser, positive_int
 
 SERVE_HELP = """\
@@ -27,14 +25,21 @@ that several requests share is computed once, and every answer is what the model
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
        -d '{"model": "SmolLM2-135M-Instruct", "prompt": "The capital of France is", "max_tokens": 8}'
 
-On SIGTERM (or Ctrl-C) it takes no new requests, lets those in flight finish for --grace seconds, and exits 0.
+On SIGTERM (or Ctrl-C) it drains: /health and new requests answer 503 (a load balancer takes it out of rotation)
+while the requests in flight finish, for --grace seconds at most; then it exits 0.
 """
 BATCH_HELP = """\
 Answer an OpenAI Batch API file: one {"custom_id", "method": "POST", "url": "/v1/chat/completions" or
 "/v1/completions", "body"} object a line.  OUT gets one {"id", "custom_id", "response": {"status_code",
-"request_id", "body"}, "error"} line per input line, appended as each finishes.  Lines that share a prefix are
-grouped whatever their order; a bad line becomes an error line and the others complete; run again after an
-interruption, it answers only the lines OUT lacks.
+"request_id", "body"}, "error"} line per input line, appended as each finishes: in finishing order (custom_id
+says which line it answers), or with --sort rewritten in input order at the end.  Lines that share a prefix are
+grouped whatever their order.  Run again after an interruption, it answers only the lines OUT lacks, and with
+none left it loads no model.
+
+A bad line becomes an error line (error set, or a response whose status_code is not 200) and the others
+complete, as in OpenAI's Batch API and vLLM's run_batch: the exit status is 0 once OUT has a line for every
+input line, error lines included, and a summary line on stderr counts the failed ones; 2 for a usage error
+(a bad flag, no input file, a model that cannot load), 130 when interrupted.
 
   hf-parallel batch --input requests.jsonl --output results.jsonl
 """
@@ -94,11 +99,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="most requests waiting for room; past it a request gets 429 (default: 1024)",
     )
     parser.add_argument(
+        "--max-body",
+        default="4MiB",
+        metavar="SIZE",
+        help="the largest request body, such as 4MiB; past it a request gets 413 before its body is read "
+        "(default: 4MiB)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=30.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long requests in flight may take to finish (default: 30)",
+        help="on SIGTERM, how long requests in flight may take to finish while /health answers 503 (default: 30)",
     )
 
 
@@ -106,6 +118,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--input", required=True, metavar="IN.jsonl", help="the batch file")
     parser.add_argument("--output", required=True, metavar="OUT.jsonl", help="appended to and resumed from")
+    parser.add_argument("--sort", action="store_true", help="once every line is answered, rewrite OUT in input order")
 
 
 def serve(parser: UsageParser, args: argparse.Namespace) -> None:
@@ -114,45 +127,63 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
         import uvicorn  # optional: the `serve` extra
 
         from ..server.app import create_app  # optional: FastAPI, of the `serve` extra
+        from ..server.draining import DrainingServer  # optional: uvicorn, of the `serve` extra
     except ImportError as error:
         parser.fail(f"hf-parallel serve needs FastAPI and uvicorn ({error}): pip install 'hf-parallel[serve]'")
-
-    engine, tokenizer, name = _engine(parser, args, max_queue=args.max_queue)
-    app = create_app(engine, tokenizer, name, api_key=args.api_key, max_n=args.max_n)
+    max_body = _size(parser, "--max-body", args.max_body)
+    try:
+        engine, tokenizer, name = _engine(parser, args, max_queue=args.max_queue)
+    except KeyboardInterrupt:
+        parser.interrupted("the server had not started")
+    app = create_app(engine, tokenizer, name, api_key=args.api_key, max_n=args.max_n, max_body=max_body)
     config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=args.grace)
-    server = uvicorn.Server(config)
-    # uvicorn handles SIGTERM by shutting down gracefully, then raises it again under the handler it found: a
-    # handler that does nothing, so that a graceful shutdown exits 0
-    signal.signal(signal.SIGTERM, lambda *_: None)
+    server = DrainingServer(config, args.grace, _banner(engine, name, args.attn))
+    # after its shutdown uvicorn raises the signals it handled again, under the handlers it found: ones that do
+    # nothing, so that a graceful shutdown exits 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     engine.close(args.grace)
 
 
 def batch(parser: UsageParser, args: argparse.Namespace) -> None:
-    """`hf-parallel batch`: every line answered; exit 0 when every line has an answer (4xx ones included)."""
+    """`hf-parallel batch`: every line of --input answered into --output (BATCH_HELP); no model loaded where every
+    line is answered already.  Exit status 0 once every line has an output line, error lines included."""
+    # start-up: the server and the engine load only when a command runs (module docstring)
+    from ..server.batch import Summary, run_batch, sort_output, tally, unanswered
+
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
-    engine, tokenizer, name = _engine(parser, args, max_queue=sys.maxsize)
-    try:
-        summary = run_batch(engine, tokenizer, name, args.input, args.output, max_n=args.max_n)
-    except KeyboardInterrupt:
-        parser.interrupted(f"the answered lines are in {args.output}; run again to answer the rest")
-    finally:
-        engine.close(1)
+    summary = Summary()
+    todo, summary.skipped = unanswered(args.input, args.output)
+    if todo:
+        engine = None
+        try:
+            engine, tokenizer, name = _engine(parser, args, max_queue=sys.maxsize)
+            summary = run_batch(engine, tokenizer, name, args.input, args.output, max_n=args.max_n)
+        except KeyboardInterrupt:
+            parser.interrupted(f"the answered lines are in {args.output}; run again to answer the rest")
+        finally:
+            if engine is not None:
+                engine.close(1)
+    if args.sort:
+        sort_output(args.input, args.output)
+    lines, failed = tally(args.output)
     print(
-        f"{summary.answered} lines answered ({summary.failed} with an error), {summary.skipped} already in "
-        f"{args.output}",
+        f"{summary.answered} lines answered now, {summary.skipped} already in {args.output}; "
+        f"{failed} of its {lines} lines failed (error set, or a status_code other than 200)",
         file=sys.stderr,
     )
 
 
 def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     """(Engine, tokenizer, served name) from the model flags; a usage error where they cannot be met."""
+    # start-up: torch, transformers and the engine load only when a command runs
+    from ..engine.serving import Engine
+    from .answer import load_named  # start-up, as above
+
     if args.max_memory is not None:
-        try:
-            parse_memory(args.max_memory)
-        except ValueError as error:
-            parser.fail(f"--max-memory: {error}")
+        _size(parser, "--max-memory", args.max_memory)
     model, tokenizer = load_named(parser, args.model, args.dtype, args.device, args.attn)
     name = args.served_model_name or args.model or DEFAULT_NAME
     try:
@@ -162,3 +193,27 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     except (ValueError, NotImplementedError) as error:
         parser.fail(str(error))
     return engine, tokenizer, name
+
+
+def _size(parser: UsageParser, flag: str, text: str) -> int:
+    """Bytes of a size flag (such as 4MiB); a usage error for one that is no size."""
+    from ..decoding.options import parse_memory  # start-up: it imports torch
+
+    try:
+        size = parse_memory(text)
+    except ValueError:
+        size = 0
+    if size < 1:
+        parser.fail(f"{flag} {text!r}: expected a size such as 4MiB, 40GiB or 500KB")
+    return size
+
+
+def _banner(engine, name: str, attn: str) -> str:
+    """What the server serves, as its start-up line says it: the model, dtype, device, attention path and row."""
+    from ..attention import BACKENDS, resolve_backend  # start-up: it imports torch
+
+    model = engine.model
+    backend = resolve_backend(attn, model.device)
+    path = next((key for key, value in BACKENDS.items() if value is backend), type(backend).__name__)
+    dtype = str(model.dtype).removeprefix("torch.")
+    return f"Serving {name} ({dtype}, {model.device}, attention {path}, a row of {engine.counters.capacity} tokens)"

@@ -9,7 +9,9 @@ PASSED_ON = frozenset(
     "revision subfolder tokenizer use_fast_tokenizer add_bos_token prefix_token_id truncation logits_cache "
     "max_batch_size backend gguf_file".split()
 )
-OWN = frozenset("pretrained dtype device max_length trust_remote_code batch_size attn max_memory".split())
+OWN = frozenset(
+    "pretrained dtype device max_length trust_remote_code batch_size max_call_tokens attn max_memory".split()
+)
 REFUSED = {
     "parallelize": "a model split over devices is loaded by accelerate's device_map, outside the harness",
     "tp_plan": "tensor parallelism runs under torchrun, outside the harness",
@@ -35,11 +37,35 @@ def check_arguments(kwargs: dict) -> None:
             )
 
 
-def budget_tokens(batch_size) -> int | None:
-    """The most tokens per call that `batch_size` sets: an integer above 1; None for 1 and "auto" ("auto:N")."""
+def batch_size_notice(batch_size) -> str | None:
+    """The one-line notice that `batch_size` is ignored (None for the harness's default, 1): requests per call,
+    as `hf` takes it (an integer, "auto" or "auto:N"), mean nothing here, where a call holds every request that
+    fits.  ModelArgumentError for a value `hf` would refuse."""
     text = str(batch_size)
-    if text.startswith("auto"):
+    head, _, tail = text.partition(":")
+    if not (text.isdigit() and int(text) >= 1) and not (head == "auto" and (not tail or _is_number(tail))):
+        raise ModelArgumentError(f"batch_size={batch_size!r}: a number of requests, 'auto' or 'auto:N'")
+    if text == "1":
         return None
+    return (
+        f"hf-parallel takes batch_size={text} and ignores it: a call holds every request that fits, those sharing "
+        "a prefix together (max_call_tokens= bounds a call's tokens)"
+    )
+
+
+def call_tokens(max_call_tokens) -> int | None:
+    """The most tokens of one call's prefix tree that `max_call_tokens` sets (an integer >= 1); None for None."""
+    if max_call_tokens is None:
+        return None
+    text = str(max_call_tokens)
     if not text.isdigit() or int(text) < 1:
-        raise ModelArgumentError(f"batch_size={batch_size!r}: a number of tokens per call (an integer) or 'auto'")
-    return int(text) if int(text) > 1 else None
+        raise ModelArgumentError(f"max_call_tokens={max_call_tokens!r}: a number of tokens (an integer >= 1)")
+    return int(text)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

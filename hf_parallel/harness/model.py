@@ -9,14 +9,17 @@ passage, a question's context) are computed once, each answer exactly what HFLM 
     loglikelihood_rolling  HFLM's disjoint rolling windows of `max_length` tokens, scored as above, summed
     generate_until         HFLM's gen_kwargs, left-truncated contexts and stop sequences, then `generate_group`
 
-`batch_size` is a token budget here: the most tokens of one call's prefix tree (1, the harness's default, and
-"auto": as many as the memory budget holds; on the dense reference attention path at most DENSE_CALL_TOKENS,
-and requests sharing too little are kept apart, since there every query reads every key of its call).
+A call holds every request that fits, neighbours in token order so that those sharing a prefix share a call:
+`max_call_tokens` bounds its prefix tree in tokens (default: as many as the memory budget holds; on the dense
+reference attention path at most DENSE_CALL_TOKENS, and requests sharing too little are kept apart, since there
+every query reads every key of its call).  `batch_size`, `hf`'s requests per call, is taken and ignored, with a
+one-line notice where it is not the harness's default 1.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -29,13 +32,14 @@ from ..attention import resolve_backend
 from ..attention.reference import ReferenceBackend
 from ..decoding.inputs import check_tokens
 from ..decoding.options import parse_memory
-from .arguments import budget_tokens, check_arguments
+from .arguments import batch_size_notice, call_tokens, check_arguments
 from .generation import Stops, decoding_options, generate_group
 from .packing import Packing, dense_keys_per_token
 from .requests import ModelArgumentError, RequestError, describe, shorten
 from .scoring import score_pairs
 
 DENSE_CALL_TOKENS = 4096  # default tokens per call on the reference path (docs/benchmarks.md, the harness section)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,7 +59,8 @@ class Usage:
 @register_model("hf-parallel")
 class HFParallelLM(HFLM):
     """HFLM's model arguments where they apply (`pretrained`, `dtype`, `device`, `max_length`, `trust_remote_code`,
-    `batch_size` as a token budget, and `arguments.PASSED_ON`), and hf_parallel's `attn` and `max_memory`.
+    `batch_size` taken and ignored, and `arguments.PASSED_ON`), and hf_parallel's `max_call_tokens` (the most
+    tokens of one call's prefix tree), `attn` and `max_memory`.
 
     Raises ModelArgumentError for an argument it does not take (`arguments.REFUSED` says why for HFLM's others)
     or a bad value.
@@ -69,12 +74,16 @@ class HFParallelLM(HFLM):
         max_length=None,
         trust_remote_code=False,
         batch_size=1,
+        max_call_tokens=None,
         attn="auto",
         max_memory=None,
         **kwargs,
     ):
         check_arguments(kwargs)
-        call_tokens = budget_tokens(batch_size)
+        notice = batch_size_notice(batch_size)
+        if notice is not None:
+            logger.warning(notice)
+        tokens = call_tokens(max_call_tokens)
         if max_memory is not None:
             try:
                 parse_memory(max_memory)
@@ -98,9 +107,9 @@ class HFParallelLM(HFLM):
             raise ModelArgumentError(f"model argument attn={attn!r}: {error}") from None
         keys_per_token = None
         if isinstance(backend, ReferenceBackend):  # its attention reads every key of a call
-            call_tokens = call_tokens or DENSE_CALL_TOKENS
+            tokens = tokens or DENSE_CALL_TOKENS
             keys_per_token = dense_keys_per_token(self.model.config)
-        self.packing = Packing(attn, max_memory, call_tokens, keys_per_token)
+        self.packing = Packing(attn, max_memory, tokens, keys_per_token)
         self.usage: dict[str, Usage] = {}  # per request type
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:

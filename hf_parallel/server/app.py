@@ -1,6 +1,6 @@
 """The HTTP server: OpenAI's API over one `Engine`, on FastAPI and uvicorn.
 
-    GET  /health                200 while the engine runs, else 503
+    GET  /health                200 while the engine runs; 503 once it failed, or while the server drains
     GET  /v1/models             the one model served
     POST /v1/completions        prompts (strings or token ids) completed, streamed as server-sent events or not
     POST /v1/chat/completions   messages through the tokenizer's chat template
@@ -8,9 +8,13 @@
 
 Every request becomes streams of the engine's live row, so requests that share a document or a
 system prompt share its computation.  A refusal is OpenAI's error object with a 4xx status: a body
-`protocol.parse` refuses (400, or 404 for another model), a missing or wrong API key (401), a full
-queue (429, with `Retry-After`).  A request that fails in the engine fails alone (500).  A client that
-goes away has its streams taken out of the row.
+`protocol.parse` refuses (400, or 404 for another model), a missing or wrong API key (401, compared in
+constant time), a body past `max_body` bytes (413, refused by its Content-Length before it is read, or
+once a chunked body passes the limit), a full queue (429, with `Retry-After`).  A request that fails in
+the engine fails alone (500).  A client that goes away has its streams taken out of the row.
+
+`app.state.draining` set (by `draining.DrainingServer` on SIGTERM) makes /health and new requests answer
+503 while the requests in flight finish.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import traceback
 
 from fastapi import Depends, FastAPI, Request
@@ -28,12 +33,15 @@ from ..engine.serving import Closed, Engine, QueueFull
 from .protocol import Answer, ApiError, Work, fault_status, model_limits, parse
 
 MAX_N = 16  # most choices per request, by default
+MAX_BODY = 4 * 2**20  # most bytes of a request body, by default: about a million tokens of English text
 RETRY_AFTER = 1  # seconds a client told the queue is full waits
 
 
-def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None, max_n: int = MAX_N) -> FastAPI:
+def create_app(
+    engine: Engine, tokenizer, name: str, api_key: str | None = None, max_n: int = MAX_N, max_body: int = MAX_BODY
+) -> FastAPI:
     """The app serving `engine`'s model as `name`, with `tokenizer`; with `api_key`, /v1/ needs it as a bearer
-    token."""
+    token; a request body may hold at most `max_body` bytes."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -41,10 +49,13 @@ def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None,
         await asyncio.to_thread(engine.close, 10)
 
     app = FastAPI(title="hf-parallel", lifespan=lifespan)
+    app.state.draining = False
     context, eos = model_limits(engine.model, tokenizer)
+    expected = None if api_key is None else f"Bearer {api_key}".encode()
 
     def authorize(request: Request) -> None:
-        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+        given = request.headers.get("authorization", "").encode()
+        if expected is not None and not secrets.compare_digest(given, expected):
             raise ApiError(401, "a missing or wrong API key (Authorization: Bearer KEY)", code="invalid_api_key")
 
     keyed = [Depends(authorize)]
@@ -66,6 +77,8 @@ def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None,
     async def health():
         if engine.failure is not None:
             return JSONResponse({"status": "failed", "error": str(engine.failure)}, status_code=503)
+        if app.state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/v1/models", dependencies=keyed)
@@ -77,7 +90,9 @@ def create_app(engine: Engine, tokenizer, name: str, api_key: str | None = None,
         return PlainTextResponse(prometheus(engine), media_type="text/plain; version=0.0.4")
 
     async def answer(request: Request, kind: str):
-        body = await _json(request)
+        if app.state.draining:
+            raise ApiError(503, "the server is shutting down", code="unavailable", kind="server_error")
+        body = await _json(request, max_body)
         work = parse(kind, body, tokenizer, name, context, max_n)
         run = Run(engine, work, tokenizer, eos)
         await run.accepted()
@@ -231,12 +246,27 @@ def prometheus(engine: Engine) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def _json(request: Request):
-    raw = await request.body()
+async def _json(request: Request, max_body: int):
+    """The body as JSON; 413 past `max_body` bytes, by its Content-Length before it is read, else (chunked) as soon
+    as what has come passes it."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_body:
+        raise _too_large(max_body)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > max_body:
+            raise _too_large(max_body)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ApiError(400, f"the body is not valid JSON: {err}", code="invalid_json") from err
+
+
+def _too_large(max_body: int) -> ApiError:
+    return ApiError(
+        413, f"the request body is larger than this server takes ({max_body} bytes: --max-body)", code="body_too_large"
+    )
 
 
 def _engine_error(err: Exception) -> ApiError:

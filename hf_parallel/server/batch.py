@@ -2,17 +2,20 @@
 
 Each input line is `{"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions",
 "body"}`; each output line is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}`, written as its request finishes (in no set order; `custom_id` says which line it answers).
-Every request goes to one `Engine` at once, ordered by its prompt's tokens, so lines that share a
-prefix (a document, a system prompt) meet in the row whatever their order in the file.  A line that
-is not a request becomes an output line with `error` set and no response; a request the server would
-refuse becomes one with its 4xx response; the other lines complete.  Lines already in the output
-(by `custom_id`) are not run again, so a run cut short, even by `kill -9`, resumes where it stopped.
+"error"}`, written as its request finishes (in finishing order, as OpenAI's Batch API: `custom_id` says
+which line it answers; `sort_output` puts them in input order).  Every request goes to one `Engine` at
+once, ordered by its prompt's tokens, so lines that share a prefix (a document, a system prompt) meet in
+the row whatever their order in the file.  A line that is not a request becomes an output line with
+`error` set and no response; a request the server would refuse becomes one with its 4xx response; the
+other lines complete.  Lines already in the output (by `custom_id`) are not run again, so a run cut
+short, even by `kill -9`, resumes where it stopped; `unanswered` says, without a model, what is left.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,16 @@ class Summary:
 
 
 @dataclass
+class Line:
+    """A non-blank input line: its number (from 1), the key the output knows it by (custom_id, else "line N")
+    and its JSON value (None where it is not JSON)."""
+
+    number: int
+    key: str
+    record: object
+
+
+@dataclass
 class Job:
     custom_id: str
     work: Work
@@ -50,20 +63,15 @@ def run_batch(
     """Answer every line of `input_path` not yet in `output_path` (module docstring) with `engine`'s model, served
     as `name`."""
     context, eos = model_limits(engine.model, tokenizer)
-    done = {r["custom_id"] for r in read_json_lines(output_path) if isinstance(r, dict) and "custom_id" in r}
-    summary, jobs, seen, refused = Summary(), [], set(), []
-    for number, line in enumerate(Path(input_path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        record = json_or_none(line)
+    todo, skipped = unanswered(input_path, output_path)
+    summary, jobs, seen, refused = Summary(skipped=skipped), [], set(), []
+    for line in todo:
+        record = line.record
         custom_id = record.get("custom_id") if isinstance(record, dict) else None
-        key = custom_id if isinstance(custom_id, str) else f"line {number}"
-        if key in done:
-            summary.skipped += 1
-            continue
         problem = _line_problem(record, custom_id, seen)
         if problem is not None:
-            refused.append(_line(key, None, {"code": "invalid_request", "message": f"line {number}: {problem}"}))
+            error = {"code": "invalid_request", "message": f"line {line.number}: {problem}"}
+            refused.append(_line(line.key, None, error))
             continue
         seen.add(custom_id)
         body = record["body"]
@@ -79,6 +87,56 @@ def run_batch(
     summary.answered = summary.failed = len(refused)
     _run(engine, jobs, output_path, summary, progress)
     return summary
+
+
+def unanswered(input_path, output_path) -> tuple[list[Line], int]:
+    """The input's lines that the output has no line for (by key), and how many it has one for."""
+    lines = _lines(input_path)
+    done = {r["custom_id"] for r in read_json_lines(output_path) if isinstance(r, dict) and "custom_id" in r}
+    todo = [line for line in lines if line.key not in done]
+    return todo, len(lines) - len(todo)
+
+
+def tally(output_path) -> tuple[int, int]:
+    """(lines, failed lines) of an output file: a line fails where `error` is set or its status is not 200."""
+    records = [r for r in read_json_lines(output_path) if isinstance(r, dict)]
+    return len(records), sum(_failed(r) for r in records)
+
+
+def sort_output(input_path, output_path) -> None:
+    """Rewrite the output with its lines in input order (a line about an input line that is no request where
+    that line was); the new file replaces the old at once, so an interruption leaves one or the other."""
+    first: dict[str, int] = {}
+    for line in _lines(input_path):
+        first.setdefault(line.key, line.number)
+    records = [r for r in read_json_lines(output_path) if isinstance(r, dict)]
+    records.sort(key=lambda r: _input_number(r, first))
+    output_path = Path(output_path)
+    sorting = output_path.with_name(output_path.name + ".sorting")
+    sorting.unlink(missing_ok=True)
+    append_json_lines(sorting, records)
+    os.replace(sorting, output_path)
+
+
+def _lines(input_path) -> list[Line]:
+    lines = []
+    for number, text in enumerate(Path(input_path).read_text(encoding="utf-8").splitlines(), 1):
+        if text.strip():
+            record = json_or_none(text)
+            custom_id = record.get("custom_id") if isinstance(record, dict) else None
+            lines.append(Line(number, custom_id if isinstance(custom_id, str) else f"line {number}", record))
+    return lines
+
+
+def _input_number(record: dict, first: dict[str, int]) -> float:
+    """The input line an output line answers: the one its error names ("line N: ..."), else the first with its
+    custom_id; past the end where neither is found."""
+    named = re.match(r"line (\d+):", str((record.get("error") or {}).get("message", "")))
+    return int(named.group(1)) if named else first.get(record.get("custom_id"), float("inf"))
+
+
+def _failed(record: dict) -> bool:
+    return record.get("error") is not None or (record.get("response") or {}).get("status_code") != 200
 
 
 def _line_problem(record, custom_id, seen: set) -> str | None:

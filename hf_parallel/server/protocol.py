@@ -6,7 +6,8 @@ and how to answer.  A body at fault raises `ApiError`, which becomes OpenAI's er
 text as they come: stop sequences cut off (OpenAI returns text up to a stop sequence, without it),
 text held back while it may still be the start of one, and no half of a multi-byte character sent.
 
-The fields taken, besides `model`, `prompt` / `messages` and `stream`:
+The fields taken, besides `model`, `prompt` / `messages` (each a role and its content: a string, or OpenAI's
+list of content parts, text parts only, joined by newlines; another part type is refused by name) and `stream`:
     max_tokens, max_completion_tokens   new tokens per choice (else the model's generation config)
     temperature                         0: greedy; above 0: sampling (else the generation config's)
     top_p, n, stop, seed
@@ -161,13 +162,7 @@ def _chat_prompt(body: dict, tokenizer) -> list[int]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' is required: a non-empty list", param="messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise ApiError(
-                400,
-                f"messages[{i}] must have a role ({', '.join(sorted(ROLES))}) and string content",
-                param=f"messages[{i}]",
-            )
+    messages = [_message(i, m) for i, m in enumerate(messages)]
     if getattr(tokenizer, "chat_template", None) is None:
         raise ApiError(400, "this model's tokenizer has no chat template: use /v1/completions", param="messages")
     try:
@@ -175,6 +170,33 @@ def _chat_prompt(body: dict, tokenizer) -> list[int]:
     except Exception as err:  # noqa: BLE001 - a template that refuses these messages (its own checks)
         raise ApiError(400, f"the chat template refused the messages: {err}", param="messages") from err
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _message(i: int, message) -> dict:
+    """messages[i] with its content as one string: a string as it is, text parts joined by newlines (as vLLM
+    joins them); ApiError naming what is at fault: the message, its role, its content or a part of it."""
+    if not isinstance(message, dict):
+        raise ApiError(400, f"messages[{i}] must be an object with a role and content", param=f"messages[{i}]")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise ApiError(
+            400, f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, not {role!r}", f"messages[{i}].role"
+        )
+    param = f"messages[{i}].content"
+    if isinstance(content, str):
+        return message
+    if not isinstance(content, list) or not content:
+        raise ApiError(400, f"{param} must be a string or a non-empty list of text parts", param=param)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            what = f"part type {kind!r}" if isinstance(kind, str) else "a part without a type"
+            raise ApiError(400, f"{param}[{j}] is {what}: this server takes text parts only", param=f"{param}[{j}]")
+        if not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{param}[{j}].text must be a string", param=f"{param}[{j}].text")
+        texts.append(part["text"])
+    return {**message, "content": "\n".join(texts)}
 
 
 def _max_tokens(body: dict, kind: str) -> int | None:
