@@ -443,3 +443,129 @@ def test_the_batch_runner_answers_as_the_server_and_reports_bad_lines(served, tm
     assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "best_of"
     again = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)  # all answered: nothing runs
     assert again.answered == 0 and again.skipped == len(records) and len(out.read_text().splitlines()) == len(records)
+
+
+# -- drafts and recurrent layers through the server --
+
+
+def quoting_prompts(tokenizer) -> list[tuple[str, list[int]]]:
+    """Completions prompts that ask for words of their document back (SmolLM2 copies from the passage, so prompt
+    lookup's drafts are accepted)."""
+    prompts = []
+    for doc in DOCUMENTS:
+        for ask in ("Repeat the first sentence.", "Quote the passage's last sentence word for word."):
+            text = f"{doc}\nQuestion: {ask}\nAnswer:"
+            prompts.append((text, tokenizer(text)["input_ids"]))
+    return prompts
+
+
+def test_prompt_lookup_through_the_server_answers_as_alone(smollm2):
+    """`--prompt-lookup-num-tokens` as the engine's default, a request's own `prompt_lookup_num_tokens` (the
+    extension field: another k, or null for none): every text equals model.generate's alone, in fewer forwards
+    than tokens."""
+    model, tokenizer = smollm2
+    prompts = quoting_prompts(tokenizer)
+    expected = [alone(model, tokenizer, ids, 16) for _, ids in prompts]
+    engine = Engine(model, max_streams=16, prompt_lookup_num_tokens=6)
+    server = Server(create_app(engine, tokenizer, NAME))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+        async def ask(i, text):
+            own = {1: {"prompt_lookup_num_tokens": 3}, 2: {"prompt_lookup_num_tokens": None}}.get(i % 3, {})
+            out = await client.completions.create(model=NAME, prompt=text, max_tokens=16, temperature=0,
+                                                  extra_body=own)  # fmt: skip
+            return out.choices[0].text
+
+        async def main():
+            return await asyncio.gather(*(ask(i, text) for i, (text, _) in enumerate(prompts)))
+
+        assert asyncio.run(main()) == expected
+        stats = engine.core.stats
+        assert stats.tokens > stats.stream_forwards  # some drafts were accepted
+        bad = httpx.post(f"{server.url}/v1/completions", json={"model": NAME, "prompt": "x",
+                                                                "prompt_lookup_num_tokens": 0})  # fmt: skip
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt_lookup_num_tokens"
+    finally:
+        server.stop()
+        engine.close(10)
+
+
+def test_the_batch_runner_with_drafts_answers_as_alone(smollm2, tmp_path):
+    from hf_parallel.server.batch import run_batch
+
+    model, tokenizer = smollm2
+    prompts = quoting_prompts(tokenizer)
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    bodies = [{"model": NAME, "prompt": text, "max_tokens": 16, "temperature": 0} for text, _ in prompts]
+    lines = [
+        {"custom_id": f"q{i}", "method": "POST", "url": "/v1/completions", "body": b} for i, b in enumerate(bodies)
+    ]
+    source.write_text("\n".join(map(json.dumps, lines)))
+    engine = Engine(model, max_streams=16, prompt_lookup_num_tokens=6)
+    try:
+        run_batch(engine, tokenizer, NAME, source, out, progress=False)
+    finally:
+        engine.close(10)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    got = {r["custom_id"]: r["response"]["body"]["choices"][0]["text"] for r in records}
+    assert [got[f"q{i}"] for i in range(len(prompts))] == [alone(model, tokenizer, ids, 16) for _, ids in prompts]
+    assert engine.core.stats.tokens > engine.core.stats.stream_forwards
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "falcon_h1"])
+def test_a_model_with_recurrent_layers_is_served_as_alone(arch, smollm2):
+    """A hybrid model (tiny, random; SmolLM2's tokenizer for the text) through the server: concurrent requests
+    sharing a document, each stream with its own recurrent state, each text model.generate's alone."""
+    from .conftest import random_tokens, tiny_model
+
+    _, tokenizer = smollm2
+    model = tiny_model(arch)
+    gen = torch.Generator().manual_seed(5)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(2 + i % 4, gen) for i in range(6)]
+    ids = [torch.tensor([p]) for p in prompts]
+    outs = [model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=5 + i % 3, do_sample=False,
+                           eos_token_id=[], pad_token_id=0)[0, x.shape[1] :] for i, x in enumerate(ids)]  # fmt: skip
+    expected = [tokenizer.decode(out, skip_special_tokens=True) for out in outs]
+    engine = Engine(model, max_streams=4)
+    server = Server(create_app(engine, tokenizer, "hybrid"))
+    try:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+
+        async def ask(i, prompt):
+            await asyncio.sleep(0.05 * i)
+            out = await client.completions.create(model="hybrid", prompt=prompt, max_tokens=5 + i % 3, temperature=0,
+                                                  extra_body={"ignore_eos": True})  # fmt: skip
+            return out.choices[0].text
+
+        async def main():
+            return await asyncio.gather(*(ask(i, p) for i, p in enumerate(prompts)))
+
+        assert asyncio.run(main()) == expected
+    finally:
+        server.stop()
+        engine.close(10)
+
+
+def test_the_default_row_holds_a_whole_context_and_a_larger_request_is_refused_by_code(smollm2):
+    """The CPU's default row (512 MiB) grows to hold one request of the model's whole context (SmolLM2: 8,192
+    positions); a row set smaller refuses a request it cannot hold with code `row_too_small`, naming --max-memory."""
+    model, tokenizer = smollm2
+    engine = Engine(model, max_streams=4)
+    try:
+        assert engine.counters.capacity >= model.config.max_position_embeddings
+    finally:
+        engine.close(10)
+    small = Engine(model, max_memory="160MiB", max_streams=4)
+    server = Server(create_app(small, tokenizer, NAME))
+    try:
+        prompt = " ".join(["word"] * (small.counters.capacity + 100))
+        refused = httpx.post(f"{server.url}/v1/completions", json={"model": NAME, "prompt": prompt, "max_tokens": 4},
+                             timeout=60)  # fmt: skip
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "row_too_small" and "--max-memory" in error["message"]
+    finally:
+        server.stop()
+        small.close(10)

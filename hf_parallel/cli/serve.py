@@ -62,7 +62,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-memory",
         default=None,
         metavar="SIZE",
-        help="what the packed row may take, such as 40GiB (default: half what the GPU has free; on the CPU 512MiB)",
+        help="what the packed row may take, such as 40GiB (default: half what the GPU has free; on the CPU 512MiB; "
+        "either, at least one request of the model's whole context)",
     )
     parser.add_argument(
         "--max-streams",
@@ -79,6 +80,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ATTENTION,
         default="auto",
         help="attention path (default: auto: triton on CUDA, else reference)",
+    )
+    parser.add_argument(
+        "--prompt-lookup-num-tokens",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help="every request's streams draft up to K tokens a forward from their own prompt and answer, verified in "
+        "the same forward (the same answers in fewer forwards); a request's own prompt_lookup_num_tokens field "
+        "overrides it, null turning drafts off (default: no drafts)",
     )
 
 
@@ -188,7 +198,12 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     name = args.served_model_name or args.model or DEFAULT_NAME
     try:
         engine = Engine(
-            model, max_memory=args.max_memory, max_streams=args.max_streams, max_queue=max_queue, attn=args.attn
+            model,
+            max_memory=args.max_memory,
+            max_streams=args.max_streams,
+            max_queue=max_queue,
+            prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+            attn=args.attn,
         )
     except (ValueError, NotImplementedError) as error:
         parser.fail(str(error))

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..engine.serving import Closed, Engine, QueueFull
-from .protocol import Answer, ApiError, Work, fault_status, model_limits, parse
+from .protocol import Answer, ApiError, Work, engine_error, model_limits, parse
 
 MAX_N = 16  # most choices per request, by default
 MAX_BODY = 4 * 2**20  # most bytes of a request body, by default: about a million tokens of English text
@@ -165,10 +165,10 @@ class Run:
                 waiting -= 1
             elif event[1] == "error":
                 self.cancel()
-                raise _engine_error(event[2])
+                raise engine_error(event[2])
             else:
                 self.buffer.append(event)
-        self.answer.rooms = [r.max_new_tokens for r in self.requests]
+        self.answer.limits = [r.max_new_tokens for r in self.requests]
 
     async def events(self):
         """The response as server-sent events; the client gone (the generator closed), its streams are cancelled."""
@@ -181,7 +181,7 @@ class Run:
                 p, kind, value = self.buffer.pop(0) if self.buffer else await self.queue.get()
                 if kind == "error":
                     self.cancel()
-                    yield _sse(_engine_error(value).body())
+                    yield _sse(engine_error(value).body())
                     return
                 for i, text, reason in answer.apply(p, kind, value):
                     if text or reason:
@@ -206,7 +206,7 @@ class Run:
                 continue
             if kind == "error":
                 self.cancel()
-                raise _engine_error(value)
+                raise engine_error(value)
             answer.apply(p, kind, value)
         return answer.body()
 
@@ -267,11 +267,6 @@ def _too_large(max_body: int) -> ApiError:
     return ApiError(
         413, f"the request body is larger than this server takes ({max_body} bytes: --max-body)", code="body_too_large"
     )
-
-
-def _engine_error(err: Exception) -> ApiError:
-    status = fault_status(err)
-    return ApiError(status, str(err) if status < 500 else f"the request failed: {err}")
 
 
 def _error_response(error: ApiError) -> JSONResponse:

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..engine.serving import Engine
 from ..frontends.jsonlines import append_json_lines, json_or_none, read_json_lines
-from .protocol import Answer, ApiError, Work, fault_status, model_limits, parse
+from .protocol import Answer, ApiError, Work, engine_error, model_limits, parse
 
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -173,15 +173,14 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
             if job.answer.open <= 0:
                 continue  # failed already
             if kind == "accepted":
-                job.answer.rooms[p] = job.requests[p].max_new_tokens
+                job.answer.limits[p] = job.requests[p].max_new_tokens
                 continue
             if kind == "error":
                 for request in job.requests:
                     request.cancel()
                 engine.wake()
-                status = fault_status(value)
-                body = ApiError(status, str(value)).body()
-                job.answer.open, line = 0, _line(job.custom_id, _response(status, body), None)
+                error = engine_error(value)
+                job.answer.open, line = 0, _line(job.custom_id, _response(error.status, error.body()), None)
             else:
                 job.answer.apply(p, kind, value)
                 if job.answer.open:

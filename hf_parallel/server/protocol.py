@@ -14,6 +14,9 @@ list of content parts, text parts only, joined by newlines; another part type is
     presence_penalty, frequency_penalty only 0: transformers has no processor for them
     stream_options.include_usage, user  (user is ignored)
     ignore_eos                          vLLM's and SGLang's: true decodes past EOS to max_tokens
+    prompt_lookup_num_tokens            hf_parallel's: draft tokens a stream offers a forward by prompt lookup
+                                        (transformers' generate option), over the server's
+                                        `--prompt-lookup-num-tokens`; null: no drafts
 Every other field is refused by name.
 """
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass, field
 from ..decoding.inputs import eos_token_ids
 
 SHARED = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
-          "presence_penalty", "frequency_penalty", "user", "ignore_eos"}  # fmt: skip
+          "presence_penalty", "frequency_penalty", "user", "ignore_eos", "prompt_lookup_num_tokens"}  # fmt: skip
 FIELDS = {"completions": SHARED | {"prompt"}, "chat": SHARED | {"messages", "max_completion_tokens"}}
 CLIENT_FAULTS = (ValueError, TypeError, NotImplementedError)  # what the engine raises for a request at fault
 MAX_STOP = 4  # stop sequences per request, as OpenAI takes
@@ -36,6 +39,14 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 def fault_status(err: Exception) -> int:
     """The HTTP status of a request the engine failed with `err`: 400 where the request is at fault, else 500."""
     return 400 if isinstance(err, CLIENT_FAULTS) else 500
+
+
+def engine_error(err: Exception) -> ApiError:
+    """The `ApiError` of a request the engine failed with `err`, with the error's `code` where it names one (a
+    request larger than the row: `row_too_small`)."""
+    status = fault_status(err)
+    message = str(err) if status < 500 else f"the request failed: {err}"
+    return ApiError(status, message, code=getattr(err, "code", None))
 
 
 def model_limits(model, tokenizer) -> tuple[int | None, set[int]]:
@@ -121,6 +132,9 @@ def parse(kind: str, body, tokenizer, served: str, context: int | None, max_n: i
         raise ApiError(400, "ignore_eos must be true or false", param="ignore_eos")
     if ignore_eos:
         options["eos_token_id"] = []
+    if "prompt_lookup_num_tokens" in body:  # the extension: null turns the server's default drafts off
+        lookup = body["prompt_lookup_num_tokens"]
+        options["prompt_lookup_num_tokens"] = None if lookup is None else _int(body, "prompt_lookup_num_tokens", 1, 1)
     stop = _stop(body)
     if stop:
         options["stop_strings"] = stop
@@ -289,11 +303,11 @@ class Choice:
         text = self._cut(self.text)
         return self._send(text if self.stopped else text[: len(text) - self.hold])
 
-    def finish(self, room: int | None) -> tuple[str, str]:
+    def finish(self, limit: int | None) -> tuple[str, str]:
         """(the rest of the text, the finish reason: "stop" at EOS or a stop sequence, else "length")."""
         rest = self._send(self._cut(self.tokenizer.decode(self.tokens, skip_special_tokens=True)))
         ended = self.stopped or (self.tokens and self.tokens[-1] in self.eos)
-        return rest, "stop" if ended or (room is not None and len(self.tokens) < room) else "length"
+        return rest, "stop" if ended or (limit is not None and len(self.tokens) < limit) else "length"
 
     def _cut(self, text: str) -> str:
         """`text` up to its first stop sequence (then `stopped`)."""
@@ -324,8 +338,8 @@ class Answer:
     """One request's response, written from its engine events: `apply` each event (prompt p's), then `body()`;
     a stream sends `chunk`s as `apply` gives text."""
 
-    def __init__(self, work: Work, tokenizer, eos: set[int], rooms: list[int]):
-        self.work, self.rooms = work, rooms  # rooms: each prompt's most new tokens (the engine's)
+    def __init__(self, work: Work, tokenizer, eos: set[int], limits: list[int]):
+        self.work, self.limits = work, limits  # each prompt's most new tokens (the engine's)
         self.choices = [Choice(tokenizer, work.stop, eos) for _ in range(len(work.prompts) * work.n)]
         self.texts = [""] * len(self.choices)
         self.reasons: list[str | None] = [None] * len(self.choices)
@@ -340,7 +354,7 @@ class Answer:
         elif kind == "tokens":
             out = [(p * n + j, self.choices[p * n + j].add([token]), None) for j, token in value]
         elif kind == "finish":
-            text, reason = self.choices[p * n + value].finish(self.rooms[p])
+            text, reason = self.choices[p * n + value].finish(self.limits[p])
             out = [(p * n + value, text, reason)]
         elif kind == "done":
             self.open -= 1
