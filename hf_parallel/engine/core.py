@@ -104,10 +104,10 @@ class EngineCore:
     def step(self) -> list[Stream]:
         """One round; the streams that ended, as read in it."""
         self.stats.cancelled += self.scheduler.cancel()
-        work = self.scheduler.schedule(keep_stopped=self.runner.captures)
-        if work is None:
-            return self._read()
         try:
+            work = self.scheduler.schedule(keep_stopped=self.runner.captures)
+            if work is None:
+                return self._read()
             self._relayout(work)
             logits = self._forward(work.inputs)
             output = self._choose(work, logits)
