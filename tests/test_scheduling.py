@@ -169,3 +169,31 @@ def test_a_session_keeps_nothing_off_cuda_and_releases(llama):
             generate_alone(llama, [3, 4, 5], 3)
         ]
         assert session.row is None  # rows are kept for captured rounds, on CUDA only
+
+
+class _Kept:
+    """A logits processor that changes nothing: a call's options hold it."""
+
+    def __call__(self, input_ids, scores):
+        return scores
+
+
+@pytest.mark.parametrize("memory", [None, 60])
+def test_nothing_holds_a_calls_options_after_it(llama, memory):
+    """No reference cycle keeps a call's options (and the tensors generate prepared in them) alive after it returns,
+    with no gc: its requests let go of their streams once they leave the row."""
+    processor = _Kept()
+    ref = weakref.ref(processor)
+    prompts = corpus(6, docs=2, questions=3)
+    options = dict(max_new_tokens=4, eos_token_id=[], logits_processor=[processor])
+    if memory:
+        options.update(max_memory=max_memory_for(llama, memory), prefill_chunk=CHUNK)
+    gc.collect()
+    gc.disable()
+    try:
+        got = generate_tokens(llama, prompts, **options)
+        del processor, options
+        assert ref() is None
+    finally:
+        gc.enable()
+    assert got == [generate_alone(llama, p, 4) for p in prompts]

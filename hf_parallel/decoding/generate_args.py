@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation import logits_process
+from transformers.generation.stopping_criteria import EosTokenCriteria
 from transformers.utils import logging
 
 # processors that hold their prompt's tokens or hand the row's batch index to user code: one group per prompt
@@ -43,12 +44,14 @@ STATEFUL = tuple(
 
 @dataclass
 class Prepared:
-    """generate's processors, criteria and prepared config for one prompt alone (`max_length` absolute)."""
+    """generate's processors, criteria and prepared config for one prompt alone (`max_length` absolute); `eos`:
+    the ids its EOS criteria stop at, read once on the host (a criterion holds them on the model's device)."""
 
     processors: list
     criteria: list
     config: GenerationConfig
     prompt_len: int
+    eos: tuple[int, ...] = ()
 
     @property
     def max_new_tokens(self) -> int:
@@ -127,7 +130,8 @@ class GenerateArgs:
                 f"{stateful[0]} keeps state over fixed batch rows; parallel generation does not support it"
             )
         criteria = box["criteria"] + ([self.stop_criterion] if self.stop_criterion is not None else [])
-        return Prepared(box["processors"], criteria, box["config"], len(prompt))
+        eos = {int(t) for c in criteria if type(c) is EosTokenCriteria for t in c.eos_token_id.flatten().tolist()}
+        return Prepared(box["processors"], criteria, box["config"], len(prompt), tuple(sorted(eos)))
 
 
 @contextlib.contextmanager

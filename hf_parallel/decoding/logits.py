@@ -310,7 +310,7 @@ def eos_only(prepared: Prepared) -> tuple[int, ...] | None:
     criteria = [prepared.criteria[s.index[0]] for s in stops if not _loop_bound(prepared, s, prepared.max_new_tokens)]
     if prepared.processors or any(type(c) is not sc.EosTokenCriteria for c in criteria):
         return None
-    return tuple(sorted({int(t) for c in criteria for t in c.eos_token_id.flatten().tolist()}))
+    return prepared.eos
 
 
 def _rows(row_group: list[int], n_groups: int, device) -> list[torch.Tensor | None]:
@@ -318,7 +318,7 @@ def _rows(row_group: list[int], n_groups: int, device) -> list[torch.Tensor | No
     members = [[] for _ in range(n_groups)]
     for row, g in enumerate(row_group):
         members[g].append(row)
-    return [torch.tensor(m, device=device) if m else None for m in members]
+    return [upload(torch.tensor(m), device) if m else None for m in members]
 
 
 def whole_group(rows: list[torch.Tensor | None] | None) -> int | None:

@@ -91,7 +91,7 @@ class GreedyGroup(ChoiceGroup):
 
     def __init__(self, eos: tuple[int, ...], device: torch.device):
         super().__init__(device)
-        self.eos = torch.tensor(eos, dtype=torch.long, device=device)
+        self.eos = upload(torch.tensor(eos, dtype=torch.long), device)
 
     def pick(self, logits):
         new = logits.argmax(dim=-1)

@@ -226,18 +226,22 @@ class Scheduler:
             stream.lane = -1
         if self.drafter is not None:
             self.drafter.forget(stream)
+        if not any(s.key in self.live for s in stream.request.streams):
+            _let_go(stream.request)
 
     def cancel(self) -> int:
         """Cancelled requests leave the queue now and the row at the next round; how many there were."""
         gone = {id(s.request): s.request for s in self.live.values() if s.request.cancelled}
-        cancelled = self.policy.remove_cancelled() + list(gone.values())
-        for request in cancelled:
+        queued = self.policy.remove_cancelled()
+        for request in queued + list(gone.values()):
             for stream in request.streams:
                 if stream.status not in ENDED:
                     stream.status = Status.CANCELLED
+        for request in queued:  # never placed: nothing of the row holds them
+            _let_go(request)
         if gone:
             self.starting = [s for s in self.starting if s.status is not Status.CANCELLED]
-        return len(cancelled)
+        return len(queued) + len(gone)
 
     def fail(self, request: Request) -> None:
         """`request`'s streams end, failed."""
@@ -253,8 +257,16 @@ class Scheduler:
 
     def clear(self) -> None:
         """Forget every stream in the row (a failed forward left it unknown); the policy's row starts empty."""
+        for stream in self.live.values():
+            _let_go(stream.request)
         self.live, self.groups, self.pools, self.starting, self.start_states = {}, [], {}, [], []
         self.scores = ScoreGroup(self.device)
         self.lanes = list(range(self.lane_count - 1, -1, -1)) if self.recurrent else []
         self.policy.reset()
         self.version += 1
+
+
+def _let_go(request: Request) -> None:
+    """`request` has no stream in the row: it lets go of its streams, which refer back to it (no reference cycle
+    keeps it, its options and their tensors alive after a call)."""
+    request.streams = []

@@ -115,6 +115,7 @@ class ModelRunner:
         capacity and the captured rounds kept."""
         if self.static is not None:
             ids = self.static.load(layout)
+            self.static.graphs.invalidate()  # signatures are a core's own: a kept row's plans were another's
         else:
             ids = SlotIds(
                 *(upload(t, self.device) for t in (layout.slot_seg, layout.slot_pos, layout.seg_end, layout.seg_stop))
@@ -131,8 +132,8 @@ class ModelRunner:
         n = len(inputs.slots)
         if self.profile.recurrent:
             self.cache.segment_runs = inputs.segment_runs
-        graphs = self.static.graphs if self.static is not None and not self.static.graphs.failed else None
-        if graphs is not None and n <= CAPTURE_LIMIT and inputs.prompt_tokens <= CAPTURED_PROMPT:
+        if self._replays(inputs):
+            graphs = self.static.graphs
             try:
                 logits = graphs.forward(
                     self.backend, self.row, self._graph_forward, inputs.slots, inputs.tokens, inputs.signature
@@ -181,23 +182,44 @@ class ModelRunner:
 
     def prebuild(self, inputs: ForwardInputs, decode_streams: int = 0) -> list[concurrent.futures.Future]:
         """Start building, on threads, the kernels a first forward over `inputs` launches (the K/V write's and the
-        backend's, `AttentionBackend.prebuild`) and, with `decode_streams`, those of the captured round that
-        decodes that many streams, so that the builds run beside each other and beside the first forward's host
-        work; the first launch waits for them (`kernels.prebuild.awaiting`)."""
-        calls, slots = self.profile.attention_calls, torch.from_numpy(inputs.slots)
+        backend's, `AttentionBackend.prebuild`, for the plan it runs: eager, or the captured round's) and, with
+        `decode_streams`, those of the captured round that decodes that many streams, so that the builds run beside
+        each other and beside the first forward's host work; the first launch waits for them
+        (`kernels.prebuild.awaiting`)."""
+        calls = self.profile.attention_calls
         futures = prebuild_writes(calls, self.device)
-        futures += self.backend.prebuild(self.backend.plan(self.row, slots, self._kv_len(inputs.slots)), calls)
-        captured = self.static.graphs.captured if self.captures else None
-        if captured is not None and decode_streams and (bucket(decode_streams), self.backend.graph_key) not in captured:
-            answers = self.row.layout.answer_slots
-            if answers is not None and len(answers) >= decode_streams:
-                first = answers[:decode_streams, 0]
-                padded = torch.cat([first, first[-1:].expand(bucket(decode_streams) - decode_streams)])
-                plan = self.backend.static_plan(self.row, bucket(decode_streams)).plan(
-                    self.row, upload(padded, self.device)
-                )
-                futures += self.backend.prebuild(plan, calls)
+        if self._replays(inputs):
+            futures += self.backend.prebuild(self._static_plan(inputs.slots), calls)
+        else:
+            plan = self.backend.plan(self.row, torch.from_numpy(inputs.slots), self._kv_len(inputs.slots))
+            futures += self.backend.prebuild(plan, calls)
+        answers = self.row.layout.answer_slots
+        if (
+            self.captures
+            and decode_streams
+            and bucket(decode_streams) != bucket(len(inputs.slots))
+            and answers is not None
+            and len(answers) >= decode_streams
+        ):
+            futures += self.backend.prebuild(self._static_plan(answers[:decode_streams, 0].numpy()), calls)
         return futures
+
+    def _replays(self, inputs: ForwardInputs) -> bool:
+        """Whether a forward over `inputs` replays a captured round (few enough tokens, few enough of them prompt
+        tokens), rather than running eagerly."""
+        graphs = self.static.graphs if self.static is not None else None
+        return (
+            graphs is not None
+            and not graphs.failed
+            and len(inputs.slots) <= CAPTURE_LIMIT
+            and (inputs.prompt_tokens <= CAPTURED_PROMPT)
+        )
+
+    def _static_plan(self, slots: np.ndarray) -> AttentionPlan:
+        """A captured round's plan over these slots, padded to their bucket as a replay pads them (for a prebuild)."""
+        size = bucket(len(slots))
+        padded = torch.from_numpy(np.concatenate([slots, np.repeat(slots[-1:], size - len(slots))]))
+        return self.backend.static_plan(self.row, size).plan(self.row, upload(padded, self.device))
 
     def reset_states(self) -> None:
         """Drop every recurrent state the row holds (its contents start afresh)."""
