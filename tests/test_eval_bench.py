@@ -315,3 +315,16 @@ def test_serial_bound_adds_the_gemms_and_attention_where_one_is_bound_by_arithme
     bound, first = bench.roofline(config, prompts, steps, both), bench.roofline(config, prompts, prefill, both)
     serial_decode = bound["serial_s"] - first["serial_s"]
     assert serial_decode > 1.2 * bound["roofline_decode_s"]  # the roofline lets the two overlap
+
+
+def test_engine_bench_runs_every_request_from_clients_and_all_at_once():
+    """eval/engine_bench.py on a tiny model: every request done with its output tokens, from closed-loop clients
+    and all at once, each system prompt computed once a run (the engine's prompt tokens computed below requested)."""
+    engine_bench = eval_module("engine_bench")
+    rows = engine_bench.main(["--model", "tiny", "--groups", "2", "--prompts-per-group", "3", "--system-len", "24",
+                              "--question-len", "3", "--output-len", "4", "--concurrency", "2", "all",
+                              "--device", "cpu"])  # fmt: skip
+    assert [r["concurrency"] for r in rows] == [2, "all"]
+    for row in rows:
+        assert row["requests_done"] == 6 and row["errors"] == 0 and row["output_tokens"] == 6 * 4
+        assert row["computed_tokens"] < row["prompt_tokens"] == 6 * 27
