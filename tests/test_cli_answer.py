@@ -16,7 +16,10 @@ import pytest
 import hf_parallel.frontends.corpus as corpus
 import hf_parallel.frontends.prompting as prompting
 from hf_parallel import cli, generate_parallel
+from hf_parallel.attention import BACKENDS
+from hf_parallel.cli import answer
 from hf_parallel.cli.answer import AnswerConfig
+from hf_parallel.decoding.options import DEFAULT_MAX_NEW_TOKENS
 
 from .conftest import tiny_model
 from .test_cli import usage_error
@@ -359,6 +362,12 @@ def test_each_flag_is_a_field_of_the_config(capsys):
         cli.main(["answer", "--help"])
     flags = set(re.findall(r"--[a-z-]+", capsys.readouterr().out.split("options:")[1]))
     assert flags == {"--help", "--no-progress"} | {"--" + f.name.replace("_", "-") for f in fields(AnswerConfig)}
+
+
+def test_the_defaults_the_flags_spell_out_are_the_librarys():
+    """cli.answer spells these out so that --help loads no torch; they must stay the engine's own."""
+    assert answer.ATTENTION[0] == "auto" and set(BACKENDS) <= set(answer.ATTENTION[1:])
+    assert (answer.DEFAULT_MAX_NEW_TOKENS, answer.TOKENS_PER_CALL) == (DEFAULT_MAX_NEW_TOKENS, corpus.TOKENS_PER_CALL)
 
 
 FLAGS = ["--attn", "reference", "--max-memory", "1GiB", "--prefill-chunk", "16", "--seed", "7", "--max-new-tokens", "3"]
