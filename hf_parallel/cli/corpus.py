@@ -106,7 +106,9 @@ def _answer_share(run: CorpusRun) -> list[tuple]:
     run.state = state = process_state(cpu=True if (config.device or "").startswith("cpu") else None)
     if state.num_processes > 1 and not config.out:
         parser.fail("several processes need --out: each appends its share to a part file of it")
-    device, dtype = placement(config.device if state.num_processes == 1 else str(state.device), config.dtype)
+    if config.device is None and state.num_processes > 1:  # each process on its own device
+        config = replace(config, device=str(state.device))
+    device, dtype = placement(config.device, config.dtype)
     run.record = _recorded(config, dtype)
     # --out gets lines directly only from one process with no part files left, whose lines would have to be ordered
     direct = state.num_processes == 1 and not (config.out and part_files(config.out))
@@ -114,10 +116,8 @@ def _answer_share(run: CorpusRun) -> list[tuple]:
     state.wait_for_everyone()  # every rank reads --out and the parts (and so splits alike) before any appends
     if not records:
         return problems
-    if state.num_processes > 1:  # one note per process: which one, where (and that the launch made several)
-        config = replace(config, device=device)
-        if not config.quiet:
-            print(f"{parser.prog}: process {state.process_index} of {state.num_processes} on {device}", file=sys.stderr)
+    if state.num_processes > 1 and not config.quiet:  # one note per process: which one, where
+        print(f"{parser.prog}: process {state.process_index} of {state.num_processes} on {device}", file=sys.stderr)
     model, tokenizer = load(parser, config)
     records = _fitting(run, model, tokenizer, records, problems)
     target = None if not config.out else Path(config.out) if direct else part_path(config.out, state.process_index)
