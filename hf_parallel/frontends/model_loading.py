@@ -42,7 +42,7 @@ def load_model(name: str | None, dtype, device: str, progress: bool | None = Non
     progress: the loading's progress bars on stderr; default: when stderr is a terminal.
     Raises `ModelSourceError` when the name leads nowhere, the device is not there, or the model cannot be loaded.
     """
-    import torch  # imported here: `hf-parallel --help` imports no torch
+    import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if str(device).startswith("cuda") and not torch.cuda.is_available():
