@@ -3,41 +3,116 @@
 Compute a document's KV cache once and decode all its questions at once, as
 independent streams of one packed row; each answer is what the model would write if
 its question were asked alone.
+
+`import hf_parallel` imports neither torch nor transformers: each public name is imported on
+first use (PEP 562), so that the command line starts at once.  It also adds
+`model.generate_parallel(document, questions, tokenizer=...)` to every transformers model, as
+soon as transformers defines `PreTrainedModel` (at once where it already has).
 """
 
-from transformers import PreTrainedModel
+from __future__ import annotations
 
-from .attention import AttentionBackend
-from .decoding.options import GenerationOptions
-from .engine.generate import generate_tokens, stream_tokens
-from .frontends.judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge
-from .frontends.prompting import generate_parallel, render_prompt, render_prompts
-from .frontends.scoring import score_continuations
-from .frontends.session import Session
+import importlib
+import importlib.abc
+import sys
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "generate_parallel",
-    "generate_tokens",
-    "stream_tokens",
-    "Session",
-    "render_prompt",
-    "render_prompts",
-    "GenerationOptions",
-    "AttentionBackend",
-    "score_continuations",
-    "judge",
-    "ChoiceQuestion",
-    "ScoreQuestion",
-    "YesNoQuestion",
-    "JudgeResult",
-]
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from .attention import AttentionBackend  # noqa: F401
+    from .decoding.options import GenerationOptions  # noqa: F401
+    from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
+    from .frontends.judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge  # noqa: F401
+    from .frontends.prompting import generate_parallel, render_prompt, render_prompts  # noqa: F401
+    from .frontends.scoring import score_continuations  # noqa: F401
+    from .frontends.session import Session  # noqa: F401
+
+_SOURCES = {  # each public name and the module that defines it
+    "generate_parallel": ".frontends.prompting",
+    "generate_tokens": ".engine.generate",
+    "stream_tokens": ".engine.generate",
+    "Session": ".frontends.session",
+    "render_prompt": ".frontends.prompting",
+    "render_prompts": ".frontends.prompting",
+    "GenerationOptions": ".decoding.options",
+    "AttentionBackend": ".attention",
+    "score_continuations": ".frontends.scoring",
+    "judge": ".frontends.judging",
+    "ChoiceQuestion": ".frontends.judging",
+    "ScoreQuestion": ".frontends.judging",
+    "YesNoQuestion": ".frontends.judging",
+    "JudgeResult": ".frontends.judging",
+}
+__all__ = list(_SOURCES)
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use."""
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCES[name], __name__), name)
+    globals()[name] = value  # later uses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def _generate_parallel_method(self, document, questions, tokenizer=None, **options):
     """`model.generate_parallel(document, questions, tokenizer=...)`: see `hf_parallel.generate_parallel`."""
     if tokenizer is None:
         raise ValueError("model.generate_parallel needs tokenizer=... to render and decode the prompts")
+    from .frontends.prompting import generate_parallel  # start-up: `import hf_parallel` loads no torch
+
     return generate_parallel(self, tokenizer, document, questions, **options)
 
 
-PreTrainedModel.generate_parallel = _generate_parallel_method
+# --------------------------------------------------------------------------- model.generate_parallel
+
+_MODELING = "transformers.modeling_utils"  # where PreTrainedModel is defined
+
+
+def _add_method(modeling_utils) -> None:
+    modeling_utils.PreTrainedModel.generate_parallel = _generate_parallel_method
+
+
+class _AddMethodOnImport(importlib.abc.MetaPathFinder):
+    """Adds the method once `transformers.modeling_utils` has run, which it must before any model exists.
+
+    A finder on `sys.meta_path` that finds nothing itself: for that one module it takes the spec the other
+    finders give and wraps its loader; it removes itself once the module is found.
+    """
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MODELING:
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _AddMethodLoader(spec.loader)
+                return spec
+        return None
+
+
+class _AddMethodLoader(importlib.abc.Loader):
+    """The module's own loader, and the method added once the module has run."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        _add_method(module)
+
+    def __getattr__(self, name: str):  # get_source, get_resource_reader, ...: the module's own loader's
+        return getattr(self.loader, name)
+
+
+if _MODELING in sys.modules:
+    _add_method(sys.modules[_MODELING])
+elif not any(isinstance(finder, _AddMethodOnImport) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _AddMethodOnImport())

@@ -14,7 +14,7 @@ import pytest
 from hf_parallel import cli
 from hf_parallel.cli.usage import UsageParser
 from hf_parallel.decoding.options import DEFAULT_MAX_NEW_TOKENS
-from hf_parallel.evaluation import config, quality
+from hf_parallel.evaluation import config, quality, report
 
 from .conftest import tiny_model
 from .test_quality import char_tokenizer
@@ -211,3 +211,31 @@ def test_scripts_exit_with_a_usage_error_for_a_missing_data_file(tmp_path, comma
                           text=True, timeout=300)  # fmt: skip
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"{prog}: error: cannot read {missing} as the {SQUAD_FORMAT}" in done.stderr
+
+
+# --------------------------------------------------------------------------- eval: the table explains batch prompting
+
+
+def eval_report(batch_predictions: list[str] | None) -> dict:
+    """A report of `hf-parallel eval` over len(batch_predictions) questions, standard's and (given) batch's."""
+    methods = ["standard"] + ([] if batch_predictions is None else ["batch"])
+    predictions = batch_predictions or ["an answer"] * 3
+    row = {"em": 0.0, "f1": 0.1, "wall_s": 1.0}
+    return {
+        "dataset": "squad", "model": "M", "n_questions": len(predictions), "n_documents": 1,
+        "config": {"dtype": "float32", "device": "cpu", "max_new_tokens": 8, "standard_batch_size": 1,
+                   "docs_per_call": 1, "batch_rows": 1},
+        "summary": {m: row for m in methods},
+        "questions": [{"predictions": {"standard": "x", **({"batch": p} if batch_predictions else {})}}
+                      for p in predictions],
+    }  # fmt: skip
+
+
+def test_the_eval_table_says_how_many_batch_answers_the_model_left_out():
+    predictions = ["Paris", "", "  ", "1889", ""]
+    said = report.table(eval_report(predictions)).splitlines()[-1]
+    missing = sum(not p.strip() for p in predictions)
+    assert said.startswith(f"batch prompting: {missing} of {len(predictions)} answers are missing from the model's")
+    assert "score 0" in said and "batch_outputs" in said
+    assert "batch prompting:" not in report.table(eval_report(None))
+    assert "batch prompting:" not in report.table(eval_report(["a", "b"]))  # every answer there: nothing to explain

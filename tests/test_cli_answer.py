@@ -16,7 +16,10 @@ import pytest
 import hf_parallel.frontends.corpus as corpus
 import hf_parallel.frontends.prompting as prompting
 from hf_parallel import cli, generate_parallel
+from hf_parallel.attention import BACKENDS
+from hf_parallel.cli import answer
 from hf_parallel.cli.answer import AnswerConfig
+from hf_parallel.decoding.options import DEFAULT_MAX_NEW_TOKENS
 
 from .conftest import tiny_model
 from .test_cli import usage_error
@@ -36,7 +39,7 @@ def load_as_smollm2(monkeypatch, model_and_tokenizer) -> list:
     """`hf-parallel answer` without --model gets `model_and_tokenizer`; returns the loads' (dtype, device)."""
     loads = []
 
-    def load(dtype, device):
+    def load(dtype, device, progress=None):
         loads.append((dtype, device))
         return model_and_tokenizer
 
@@ -46,11 +49,23 @@ def load_as_smollm2(monkeypatch, model_and_tokenizer) -> list:
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The prompts of every generate_tokens call of the corpus mode."""
-    made, generate = [], corpus.generate_tokens
-    monkeypatch.setattr(corpus, "generate_tokens", lambda model, prompts, **o: made.append(prompts) or
-                        generate(model, prompts, **o))  # fmt: skip
+    """The prompts of every stream_tokens call of the corpus mode."""
+    made, stream = [], corpus.stream_tokens
+    monkeypatch.setattr(corpus, "stream_tokens", lambda model, prompts, **o: made.append(prompts) or
+                        stream(model, prompts, **o))  # fmt: skip
     return made
+
+
+def answer_lines(path: Path) -> list[dict]:
+    """The answer lines of an --out file, in input order (they are written as documents finish)."""
+    return sorted((json.loads(line) for line in path.read_text().splitlines()), key=lambda line: line["line"])
+
+
+def expected_line(number: int, record: dict, answers: list, options: dict, model: str = "SmolLM2-135M-Instruct"):
+    """The --out line of input line `number`, as the documentation describes it."""
+    line = {"line": number, "id": record.get("id"), "questions": record["questions"], "answers": answers}
+    line = {k: v for k, v in line.items() if v is not None}
+    return line | {"model": model, "options": {"dtype": "float32", **options}}
 
 
 def write_lines(path: Path, rows: list) -> Path:
@@ -81,20 +96,141 @@ def test_a_corpus_is_answered_line_by_line_and_resumes_after_an_interruption(smo
     load_as_smollm2(monkeypatch, smollm2)
     source, whole, cut = write_lines(tmp_path / "in.jsonl", CORPUS), tmp_path / "whole.jsonl", tmp_path / "cut.jsonl"
     cli.main(["answer", "--corpus", str(source), "--out", str(whole), "--max-new-tokens", NEW])
-    lines = [json.loads(line) for line in whole.read_text().splitlines()]
     expected = [generate_parallel(*smollm2, r["document"], r["questions"], max_new_tokens=int(NEW)) for r in CORPUS]
-    assert lines == [{"line": 1, "id": "cat", "questions": CORPUS[0]["questions"], "answers": expected[0]},
-                     {"line": 2, "questions": CORPUS[1]["questions"], "answers": expected[1]},
-                     {"line": 3, "id": 3, "questions": CORPUS[2]["questions"], "answers": expected[2]}]  # fmt: skip
+    options = {"max_new_tokens": int(NEW)}
+    assert answer_lines(whole) == [expected_line(i + 1, r, expected[i], options) for i, r in enumerate(CORPUS)]
     assert len(calls) == 1  # all three documents fit one call
-    # interrupted while writing the second document's line: the rerun cuts it and answers documents 2 and 3
+    # interrupted while writing the second finished document's line: the rerun cuts it and answers the other two
     first, second = whole.read_text().splitlines(keepends=True)[:2]
     cut.write_text(first + second[: len(second) // 2])
     calls.clear()
     cli.main(["answer", "--corpus", str(source), "--out", str(cut), "--max-new-tokens", NEW])
-    assert cut.read_text() == whole.read_text()
-    assert calls == [[p for r in CORPUS[1:] for p in corpus.render_prompts(smollm2[1], r["document"], r["questions"])]]
+    assert answer_lines(cut) == answer_lines(whole)
+    left = [r for r in CORPUS if r["questions"] != json.loads(first)["questions"]]
+    assert calls == [[p for r in left for p in corpus.render_prompts(smollm2[1], r["document"], r["questions"])]]
     assert "1 document(s) already answered" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- a tiny model: resumable by the document
+
+
+def tiny_answers(records: list[dict], max_new_tokens: int) -> list[list[str]]:
+    """What generate_parallel answers for each record on the tiny model: the reference."""
+    return [generate_parallel(tiny_model("llama"), char_tokenizer(), r["document"], r["questions"],
+                              max_new_tokens=max_new_tokens) for r in records]  # fmt: skip
+
+
+def interrupt_after(monkeypatch, streams: int) -> list[int]:
+    """Ctrl-C in the corpus's generate call once it has yielded `streams` finished streams; the streams yielded."""
+    yielded, stream = [], corpus.stream_tokens
+
+    def interrupted(model, prompts, **options):
+        for index, tokens in stream(model, prompts, **options):
+            if len(yielded) == streams:
+                raise KeyboardInterrupt
+            yielded.append(index)
+            yield index, tokens
+
+    monkeypatch.setattr(corpus, "stream_tokens", interrupted)
+    return yielded
+
+
+def test_each_document_is_written_as_soon_as_its_last_answer_is_done_inside_a_call(monkeypatch, capsys, tmp_path):
+    """All three documents share one call (the default budget); Ctrl-C after the first document's two answers
+    leaves that document's line in --out, and the message says so; the rerun answers the other two."""
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    source, out = write_lines(tmp_path / "in.jsonl", CORPUS), tmp_path / "out.jsonl"
+    argv = ["answer", "--corpus", str(source), "--max-new-tokens", "4", "--out"]
+    stream = corpus.stream_tokens
+    yielded = interrupt_after(monkeypatch, streams=2)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, str(out)])
+    owners = [i for i, r in enumerate(CORPUS) for _ in r["questions"]]  # the call's streams, by document
+    done = [i for i in range(len(CORPUS)) if all(j in yielded for j, owner in enumerate(owners) if owner == i)]
+    assert exit_.value.code == 130 and done  # two streams finished: at least one document
+    assert capsys.readouterr().err.splitlines() == [
+        f"hf-parallel answer: interrupted; {out} holds the answers of {len(done)} document(s), {len(done)} of them "
+        "from this run; run the same command again to answer the rest"
+    ]
+    expected = tiny_answers(CORPUS, 4)
+    options = {"max_new_tokens": 4}
+    assert answer_lines(out) == [expected_line(i + 1, CORPUS[i], expected[i], options) for i in done]
+    monkeypatch.setattr(corpus, "stream_tokens", stream)
+    cli.main([*argv, str(out)])
+    assert answer_lines(out) == [expected_line(i + 1, r, expected[i], options) for i, r in enumerate(CORPUS)]
+    assert f"{len(done)} document(s) already answered in {out}" in capsys.readouterr().err
+
+
+def test_ctrl_c_before_any_document_is_done_says_nothing_was_written(monkeypatch, capsys, tmp_path):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    source, out = write_lines(tmp_path / "in.jsonl", CORPUS), tmp_path / "out.jsonl"
+    interrupt_after(monkeypatch, streams=0)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "4"])
+    assert exit_.value.code == 130 and not out.exists()
+    assert capsys.readouterr().err.splitlines() == [
+        f"hf-parallel answer: interrupted; no document was finished, so nothing was written to {out}; run the same "
+        "command again"
+    ]
+
+
+def test_a_rerun_with_another_model_or_other_options_is_refused_unless_forced(monkeypatch, capsys, tmp_path):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    source, out = write_lines(tmp_path / "in.jsonl", CORPUS[:2]), tmp_path / "out.jsonl"
+    cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "3"])
+    written, _ = out.read_text(), capsys.readouterr()
+    longer = usage_error(capsys, ["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "5"])
+    assert longer == (
+        f"hf-parallel answer: error: {out} holds answers of another run (max_new_tokens 3 there, 5 here); pass "
+        "--force to add this run's answers to it, or another --out\n"
+    )
+    model = tmp_path / "model"
+    tiny_model("llama").save_pretrained(model)
+    char_tokenizer().save_pretrained(model)
+    argv = ["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "3", "--model", str(model)]
+    assert f"(model SmolLM2-135M-Instruct there, {model} here)" in usage_error(capsys, argv)
+    assert out.read_text() == written  # refused before any work
+    write_lines(source, CORPUS)  # one document more: --force answers it with this run's options
+    cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "5", "--force"])
+    lines = answer_lines(out)
+    assert [line["options"]["max_new_tokens"] for line in lines] == [3, 3, 5]
+    assert lines[2] == expected_line(3, CORPUS[2], tiny_answers(CORPUS[2:], 5)[0], {"max_new_tokens": 5})
+
+
+def test_without_out_the_answers_go_to_standard_output_as_json_lines(monkeypatch, capsys, tmp_path):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    source = write_lines(tmp_path / "in.jsonl", CORPUS)
+    cli.main(["answer", "--corpus", str(source), "--max-new-tokens", "3"])
+    printed = sorted((json.loads(line) for line in capsys.readouterr().out.splitlines()), key=lambda x: x["line"])
+    expected = tiny_answers(CORPUS, 3)
+    assert printed == [expected_line(i + 1, r, expected[i], {"max_new_tokens": 3}) for i, r in enumerate(CORPUS)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]  # no file written
+
+
+@pytest.mark.parametrize("out", [True, False])
+def test_a_finished_run_ends_with_a_one_line_summary_and_quiet_prints_nothing(monkeypatch, capsys, tmp_path, out):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    source = write_lines(tmp_path / "in.jsonl", CORPUS)
+    target = ["--out", str(tmp_path / "out.jsonl")] if out else []
+    cli.main(["answer", "--corpus", str(source), *target, "--max-new-tokens", "2"])
+    where = f"answers in {tmp_path / 'out.jsonl'}" if out else "answers written to standard output"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and re.fullmatch(
+        rf"hf-parallel answer: 3 document\(s\), 4 question\(s\) answered in \d+\.\d s; {re.escape(where)}", err[0]
+    )
+    target = ["--out", str(tmp_path / "quiet.jsonl")] if out else []
+    cli.main(["answer", "--corpus", str(source), *target, "--max-new-tokens", "2", "--quiet"])
+    assert capsys.readouterr().err == ""
+
+
+def test_one_document_as_json(monkeypatch, capsys, tmp_path):
+    load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
+    files = _files(tmp_path)
+    cli.main(["answer", "--document", files["doc.txt"], "--questions", files["q.txt"], "--max-new-tokens", "3",
+              "--json"])  # fmt: skip
+    document, questions = Path(files["doc.txt"]).read_text(), ["What is the cat called?"]
+    expected = generate_parallel(tiny_model("llama"), char_tokenizer(), document, questions, max_new_tokens=3)
+    assert json.loads(capsys.readouterr().out) == {"questions": questions, "answers": expected}
 
 
 # --------------------------------------------------------------------------- a tiny model: resume and bad lines
@@ -120,7 +256,7 @@ def test_bad_lines_are_reported_and_skipped_and_the_others_answered(monkeypatch,
     assert f"{source} line 3: the document has no questions; skipped" in err
     assert f"{source} line 4: question 0's prompt has" in err and "256 positions" in err  # the tiny model's
     assert f"hf-parallel answer: error: skipped 3 bad line(s) of {source} (line 2, 3, 4, reported above)" in err
-    assert [json.loads(line)["line"] for line in out.read_text().splitlines()] == [1, 5]
+    assert [line["line"] for line in answer_lines(out)] == [1, 5]
 
 
 @pytest.mark.parametrize("piped", ["document", "questions"])
@@ -185,11 +321,13 @@ def _files(tmp_path: Path) -> dict:
     ("--document doc.txt --questions q.txt --template {document}", "template '{document}' has no {question} field"),
     ("--document doc.txt", "--document needs --questions"),
     ("--questions q.txt", "--questions needs --document"),
-    ("--corpus in.jsonl", "--corpus needs --out"),
     ("--out o.jsonl", "--out needs --corpus"),
     ("--document - --questions -", "only one of --document and --questions can be - (standard input)"),
     ("--document doc.txt --questions q.txt --corpus in.jsonl --out o.jsonl", "give either --document and"),
-    ("", "give either --document and --questions, or --corpus and --out"),
+    ("", "give either --document and --questions, or --corpus (and --out)"),
+    ("--corpus in.jsonl --json", "--json is for one document (--document); a corpus's output is JSON lines"),
+    ("--corpus in.jsonl --force", "--force resumes an --out that another model or other options wrote: give --out"),
+    ("--document doc.txt --questions q.txt --quiet --progress", "--quiet hides the progress bars that --progress"),
     ("--corpus missing.jsonl --out o.jsonl", "cannot read the corpus {missing.jsonl}: [Errno 2]"),
     ("--corpus empty.txt --out o.jsonl", "the corpus {empty.txt} is empty"),
     ("--corpus blank.jsonl --out o.jsonl", "the corpus {blank.jsonl} is empty"),
@@ -226,6 +364,12 @@ def test_each_flag_is_a_field_of_the_config(capsys):
     assert flags == {"--help", "--no-progress"} | {"--" + f.name.replace("_", "-") for f in fields(AnswerConfig)}
 
 
+def test_the_defaults_the_flags_spell_out_are_the_librarys():
+    """cli.answer spells these out so that --help loads no torch; they must stay the engine's own."""
+    assert answer.ATTENTION[0] == "auto" and set(BACKENDS) <= set(answer.ATTENTION[1:])
+    assert (answer.DEFAULT_MAX_NEW_TOKENS, answer.TOKENS_PER_CALL) == (DEFAULT_MAX_NEW_TOKENS, corpus.TOKENS_PER_CALL)
+
+
 FLAGS = ["--attn", "reference", "--max-memory", "1GiB", "--prefill-chunk", "16", "--seed", "7", "--max-new-tokens", "3"]
 OPTIONS = {"attn": "reference", "max_memory": "1GiB", "prefill_chunk": 16, "seed": 7, "max_new_tokens": 3}
 
@@ -242,10 +386,9 @@ OPTIONS = {"attn": "reference", "max_memory": "1GiB", "prefill_chunk": 16, "seed
 def test_generation_flags_reach_the_generate_call(monkeypatch, capsys, tmp_path, sampling, options, mode):
     load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
     seen = []
-    module = corpus if mode == "corpus" else prompting
-    generate = module.generate_tokens
-    monkeypatch.setattr(module, "generate_tokens", lambda model, prompts, **o: seen.append(o) or
-                        generate(model, prompts, **o))  # fmt: skip
+    module, name = (corpus, "stream_tokens") if mode == "corpus" else (prompting, "generate_tokens")
+    generate = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda model, prompts, **o: seen.append(o) or generate(model, prompts, **o))
     files = _files(tmp_path)
     inputs = {"document": ["--document", files["doc.txt"], "--questions", files["q.txt"]],
               "corpus": ["--corpus", files["in.jsonl"], "--out", str(tmp_path / "out.jsonl")]}[mode]  # fmt: skip

@@ -59,20 +59,20 @@ def test_ctrl_c_answering_a_corpus_says_what_out_holds_and_the_same_command_resu
     source, out, whole = write_lines(tmp_path / "in.jsonl", CORPUS), tmp_path / "out.jsonl", tmp_path / "whole.jsonl"
     argv = ["answer", "--corpus", str(source), "--tokens-per-call", "1", "--max-new-tokens", "2", "--out"]
     cli.main([*argv, str(whole)])
-    generate, calls = corpus.generate_tokens, []
+    stream, calls = corpus.stream_tokens, []
 
     def second_call_interrupted(model, prompts, **options):  # one document per call: the second is cut
         calls.append(prompts)
-        return ctrl_c() if len(calls) == 2 else generate(model, prompts, **options)
+        return ctrl_c() if len(calls) == 2 else stream(model, prompts, **options)
 
-    monkeypatch.setattr(corpus, "generate_tokens", second_call_interrupted)
+    monkeypatch.setattr(corpus, "stream_tokens", second_call_interrupted)
     capsys.readouterr()
     err = interrupted(capsys, [*argv, str(out)])
     assert err == [
-        f"hf-parallel answer: interrupted; {out} holds the answers of 1 document(s); run the same command again to "
-        "answer the rest"
+        f"hf-parallel answer: interrupted; {out} holds the answers of 1 document(s), 1 of them from this run; run the "
+        "same command again to answer the rest"
     ]
-    monkeypatch.setattr(corpus, "generate_tokens", generate)
+    monkeypatch.setattr(corpus, "stream_tokens", stream)
     cli.main([*argv, str(out)])
     assert out.read_text() == whole.read_text()
 

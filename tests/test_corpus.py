@@ -1,6 +1,6 @@
 """`answer_corpus` and `answer_dataset`: many documents with their own questions, answered as
-`generate_parallel` answers each document, in input order; the datasets path resumes from its
-checkpoint; the JSON-lines helpers of `hf-parallel answer --corpus`."""
+`generate_parallel` answers each document, each document as soon as its last answer is done; the
+datasets path resumes from its checkpoint; the JSON-lines helpers of `hf-parallel answer --corpus`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hf_parallel.frontends.corpus as corpus
-from hf_parallel import generate_parallel
+from hf_parallel import generate_parallel, generate_tokens
 from hf_parallel.frontends.corpus import CorpusAnswer, answer_corpus, finished_answers, read_corpus, read_json_lines
 from hf_parallel.frontends.datasets import answer_dataset
 from hf_parallel.frontends.jsonlines import CheckpointError
@@ -30,15 +30,15 @@ DOCUMENTS = [
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The prompts of every generate_tokens call answer_corpus makes."""
+    """The prompts of every stream_tokens call answer_corpus makes."""
     made = []
 
     def counting(model, prompts, **options):
         made.append(prompts)
-        return generate_tokens(model, prompts, **options)
+        return stream_tokens(model, prompts, **options)
 
-    generate_tokens = corpus.generate_tokens
-    monkeypatch.setattr(corpus, "generate_tokens", counting)
+    stream_tokens = corpus.stream_tokens
+    monkeypatch.setattr(corpus, "stream_tokens", counting)
     return made
 
 
@@ -58,6 +58,7 @@ def test_answer_corpus_answers_each_document_as_generate_parallel(smollm2, calls
                {"document": DOCUMENTS[2][0], "questions": DOCUMENTS[2][1]}]  # fmt: skip
     got = list(answer_corpus(model, tokenizer, records, tokens_per_call=tokens_per_call, max_new_tokens=NEW))
     assert len(calls) == expected_calls
+    got.sort(key=lambda answer: answer.index)  # yielded as they finish
     assert [(a.index, a.id) for a in got] == [(0, 0), (1, "everest"), (2, 2)]
     for answer, (document, questions) in zip(got, DOCUMENTS):
         assert (answer.document, answer.questions) == (document, questions)
@@ -79,9 +80,46 @@ def test_answer_corpus_streams_lazily_in_calls_within_the_token_budget(tiny, cal
     budget = corpus.prompt_tokens(_prompts(tokenizer, 0)) + corpus.prompt_tokens(_prompts(tokenizer, 1))
     stream = answer_corpus(model, tokenizer, records(), tokens_per_call=budget, max_new_tokens=3)
     first = next(stream)
-    assert first.index == 0 and read == [0, 1, 2]  # the third document did not fit: the first call is made
+    assert first.index in (0, 1) and read == [0, 1, 2]  # the third document did not fit: the first call is made
     assert [len(c) for c in calls] == [4]
-    assert [a.index for a in stream] == [1, 2] and [len(c) for c in calls] == [4, 2]
+    rest = [a.index for a in stream]
+    assert sorted([first.index, *rest]) == [0, 1, 2] and rest[-1] == 2 and [len(c) for c in calls] == [4, 2]
+
+
+def test_each_document_is_yielded_as_its_last_stream_finishes_within_the_call(tiny, monkeypatch):
+    """One call for all documents; each document comes out right after the stream that completes it, before the
+    call yields the next stream, and its answers are generate_parallel's."""
+    model, tokenizer = tiny
+    events, stream = [], corpus.stream_tokens
+
+    def logged(model, prompts, **options):
+        for index, tokens in stream(model, prompts, **options):
+            events.append(("stream", index))
+            yield index, tokens
+
+    monkeypatch.setattr(corpus, "stream_tokens", logged)
+    for answer in answer_corpus(model, tokenizer, DOCUMENTS, max_new_tokens=NEW):
+        events.append(("document", answer.index))
+        document, questions = DOCUMENTS[answer.index]
+        assert answer.answers == generate_parallel(model, tokenizer, document, questions, max_new_tokens=NEW)
+    owners = [i for i, (_, questions) in enumerate(DOCUMENTS) for _ in questions]
+    streams = [index for kind, index in events if kind == "stream"]
+    assert sorted(streams) == list(range(len(owners)))  # one call, every stream once
+    for position, (kind, index) in enumerate(events):
+        if kind == "document":
+            last = max(streams.index(j) for j, owner in enumerate(owners) if owner == index)
+            seen = [i for k, i in events[:position] if k == "stream"]
+            assert len(seen) == last + 1  # right after its last stream, before the next one
+
+
+def test_several_answers_per_question_are_grouped_by_question(tiny):
+    model, tokenizer = tiny
+    options = {"max_new_tokens": 3, "do_sample": True, "num_return_sequences": 2, "seed": 5}
+    got = sorted(answer_corpus(model, tokenizer, DOCUMENTS[:2], **options), key=lambda answer: answer.index)
+    prompts = [p for d, questions in DOCUMENTS[:2] for p in corpus.render_prompts(tokenizer, d, questions)]
+    texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in generate_tokens(model, prompts, **options)]
+    pairs = [texts[i : i + 2] for i in range(0, len(texts), 2)]  # generate_tokens: a prompt's answers contiguous
+    assert [answer.answers for answer in got] == [pairs[:3], pairs[3:]]
 
 
 def _prompts(tokenizer, i):
@@ -157,18 +195,18 @@ def test_answer_dataset_resumes_from_its_checkpoint(smollm2, calls, tmp_path, mo
     checkpoint = tmp_path / "answers.jsonl"
     whole = answer_dataset(model, tokenizer, dataset, answer_column="a", tokens_per_call=1, max_new_tokens=NEW)
     assert len(calls) == 3
-    generate = corpus.generate_tokens
+    stream = corpus.stream_tokens
 
     def interrupted(model, prompts, **options):  # the second call is interrupted
         if len(calls) == 4:
             raise KeyboardInterrupt
-        return generate(model, prompts, **options)
+        return stream(model, prompts, **options)
 
-    monkeypatch.setattr(corpus, "generate_tokens", interrupted)
+    monkeypatch.setattr(corpus, "stream_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
         answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
     assert [r and r.get("row") for r in read_json_lines(checkpoint)[1:]] == [0]  # document 0: rows 0, 1, 3
-    monkeypatch.setattr(corpus, "generate_tokens", generate)  # counts calls again
+    monkeypatch.setattr(corpus, "stream_tokens", stream)  # counts calls again
     calls.clear()
     resumed = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
     assert len(calls) == 2 and list(resumed["answer"]) == list(whole["a"])
@@ -235,7 +273,7 @@ def test_an_output_file_cut_short_is_cut_at_its_last_whole_line(tmp_path):
     out = tmp_path / "out.jsonl"
     whole = json.dumps({"line": 1, "questions": ["Q?"], "answers": ["A."]}) + "\n"
     out.write_text(whole + '{"line": 2, "questio')
-    assert finished_answers(out) == {("line", 1): ["Q?"]} and out.read_text() == whole
+    assert finished_answers(out) == {("line", 1): json.loads(whole)} and out.read_text() == whole
     out.write_text(whole + '{"line": 2}\n')
     with pytest.raises(ValueError, match="line 2 is not an answer line of `hf-parallel answer --corpus`"):
         finished_answers(out)

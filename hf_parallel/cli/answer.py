@@ -1,38 +1,38 @@
 """`hf-parallel answer`: its flags (one per `AnswerConfig` field), and one document's questions answered.
 
-A corpus (`--corpus`, `--out`) is `hf_parallel.cli.corpus`'s.
+A corpus (`--corpus`) is `hf_parallel.cli.corpus`'s.  This module imports nothing heavy at its top: torch,
+transformers and the engine load only once the flags are checked, so that `--help` and a mistake in
+the flags answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass, fields
 
-import torch
-
-from ..attention import BACKENDS
-from ..decoding.options import DEFAULT_MAX_NEW_TOKENS, parse_memory
-from ..frontends.corpus import TOKENS_PER_CALL
 from ..frontends.model_loading import MODEL_HELP, ModelSourceError, load_model
-from ..frontends.prompting import check_template, generate_parallel
+from ..frontends.progress import shown
 from .usage import UsageParser, positive_int
 
 HELP = """\
 Answer questions about documents with parallel prompting.
 
   one document:  hf-parallel answer --document DOC.txt --questions QUESTIONS.txt
-                 (one question a line, blank lines skipped); prints each question and its answer.
-                 Either file may be - for standard input.
-  a corpus:      hf-parallel answer --corpus IN.jsonl --out OUT.jsonl
+                 (one question a line, blank lines skipped); prints each question and its answer (--json:
+                 one {"questions", "answers"} object).  Either file may be - for standard input.
+  a corpus:      hf-parallel answer --corpus IN.jsonl [--out OUT.jsonl]
                  IN: one {"id": ..., "document": ..., "questions": [...]} object a line ("id" optional).
-                 OUT: one {"line", "id", "questions", "answers"} object per document ("id" where IN has one),
-                 in input order, appended as documents finish.  Run again after an interruption, a run skips the
-                 documents OUT holds (by id, else by line number) and appends the others.  A bad line
-                 (not JSON, no document, no questions, a repeated id, a prompt longer than the model
-                 takes) is reported and skipped, the other documents are answered, and the command
-                 ends with a usage error (exit status 2) naming the skipped lines.
+                 OUT (standard output without --out): one {"line", "id", "questions", "answers", "model",
+                 "options"} object per document ("id" where IN has one), written as soon as the document's
+                 last answer is done, so in the order documents finish.  Run again after an interruption,
+                 a run skips the documents OUT holds (by id, else by line number) and appends the others;
+                 an OUT that another model or other options wrote is refused unless --force is given.  A bad
+                 line (not JSON, no document, no questions, a repeated id, a prompt longer than the model
+                 takes) is reported and skipped, the other documents are answered, and the command ends
+                 with a usage error (exit status 2) naming the skipped lines.
   many devices:  accelerate launch --multi_gpu --num_processes N -m hf_parallel answer --corpus IN --out OUT
                  each process answers a share of the documents (balanced by prompt tokens) on its own
                  device, appending to OUT.part-RANK; the main process then appends the parts to OUT in
@@ -41,8 +41,15 @@ Answer questions about documents with parallel prompting.
 
 Decoding is the model's generation_config's (greedy for SmolLM2) unless --temperature or --top-p is given:
 --temperature 0 decodes greedily, a temperature above 0 or a --top-p samples (with --seed, reproducibly).
+
+The embedded SmolLM2 is converted from its GGUF file once, into ~/.cache/hf_parallel (HF_HOME's, where
+HF_HOME is set); later starts load it from there.
 """
-ATTENTION = ("auto", *sorted(BACKENDS))
+# spelled out rather than imported, so that --help imports no torch; tests/test_cli_answer.py keeps them equal to
+# hf_parallel.attention.BACKENDS, decoding.options.DEFAULT_MAX_NEW_TOKENS and frontends.corpus.TOKENS_PER_CALL
+ATTENTION = ("auto", "reference", "triton")
+DEFAULT_MAX_NEW_TOKENS = 256
+TOKENS_PER_CALL = 65536
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -57,7 +64,7 @@ class AnswerConfig:
     document: str | None = None  # a text file: the document (single-document mode)
     questions: str | None = None  # a text file: one question a line
     corpus: str | None = None  # JSON lines in (corpus mode)
-    out: str | None = None  # JSON lines out, appended to and resumed from
+    out: str | None = None  # JSON lines out, appended to and resumed from; default: standard output
     model: str | None = None  # a model directory or hub id; default: the embedded SmolLM2-135M-Instruct
     max_new_tokens: int | None = None  # per answer; default: the model's generation_config, else 256
     dtype: str = "auto"  # float32 | bfloat16 | float16 | auto (bfloat16 on CUDA, float32 on the CPU)
@@ -72,20 +79,25 @@ class AnswerConfig:
     template: str | None = None  # the user turn from "{document}" and "{question}"
     system_prompt: str | None = None
     tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
-    progress: bool | None = None  # a progress bar (corpus mode); default: when stderr is a terminal
+    progress: bool | None = None  # progress bars on stderr; default: when stderr is a terminal
+    quiet: bool = False  # nothing on stderr but errors: no progress bars, notes or summary
+    json: bool = False  # one document's answers as one JSON object (single-document mode)
+    force: bool = False  # resume an --out that another model or other options wrote (corpus mode)
 
     def __post_init__(self):
         self._check_inputs()
         self._check_generation()
 
     def _check_inputs(self) -> None:
-        single, corpus = (self.document, self.questions), (self.corpus, self.out)
-        if any(single) == any(corpus):
-            raise ValueError("give either --document and --questions, or --corpus and --out")
-        flags, values = (("--document", "--questions"), single) if any(single) else (("--corpus", "--out"), corpus)
-        if not all(values):  # one of a pair: name the other
-            given, missing = flags if values[0] else flags[::-1]
+        single = (self.document, self.questions)
+        if any(single) == bool(self.corpus or self.out):
+            raise ValueError("give either --document and --questions, or --corpus (and --out)")
+        if any(single) and not all(single):  # one of a pair: name the other
+            given, missing = ("--document", "--questions") if self.document else ("--questions", "--document")
             raise ValueError(f"{given} needs {missing}")
+        if self.out and not self.corpus:
+            raise ValueError("--out needs --corpus")
+        self._check_modes()
         if self.document == self.questions == "-":
             raise ValueError("only one of --document and --questions can be - (standard input)")
         if self.dtype not in DTYPES:
@@ -93,13 +105,26 @@ class AnswerConfig:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.template is not None:
+            from ..frontends.prompting import check_template  # start-up: only for a template, as it loads torch
+
             check_template(self.template)
+
+    def _check_modes(self) -> None:
+        if self.json and self.corpus:
+            raise ValueError("--json is for one document (--document); a corpus's output is JSON lines already")
+        if self.force and not self.out:
+            raise ValueError("--force resumes an --out that another model or other options wrote: give --out")
+        if self.quiet and self.progress:
+            raise ValueError("--quiet hides the progress bars that --progress asks for: give one of them")
 
     def _check_generation(self) -> None:
         if self.attn not in ATTENTION:
             raise ValueError(f"attn must be one of {', '.join(ATTENTION)}, got {self.attn!r}")
-        if self.max_memory is not None and parse_memory(self.max_memory) < 1:
-            raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
+        if self.max_memory is not None:
+            from ..decoding.options import parse_memory  # start-up: only for --max-memory, as it loads torch
+
+            if parse_memory(self.max_memory) < 1:
+                raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
         for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call", "prompt_lookup_num_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -128,6 +153,10 @@ class AnswerConfig:
         }
         return {name: value for name, value in options.items() if value is not None} | sampling
 
+    def shows_progress(self) -> bool:
+        """Whether progress bars go to stderr: --progress, else not under --quiet, else when stderr is a terminal."""
+        return False if self.quiet else shown(self.progress)
+
 
 def add_arguments(parser: UsageParser) -> None:
     """One flag per `AnswerConfig` field."""
@@ -135,7 +164,11 @@ def add_arguments(parser: UsageParser) -> None:
     add("--document", metavar="FILE", help="text file: the document (- for standard input)")
     add("--questions", metavar="FILE", help="text file: one question a line (- for standard input)")
     add("--corpus", metavar="FILE", help="JSON-lines file: one document with its questions a line")
-    add("--out", metavar="FILE", help="JSON-lines file the corpus's answers are appended to (and resumed from)")
+    add(
+        "--out",
+        metavar="FILE",
+        help="JSON-lines file the corpus's answers are appended to and resumed from (default: standard output)",
+    )
     add("--model", metavar="DIR_OR_HUB_ID", help=MODEL_HELP)
     add(
         "--max-new-tokens",
@@ -195,7 +228,14 @@ def add_arguments(parser: UsageParser) -> None:
     add(
         "--progress",
         action=argparse.BooleanOptionalAction,
-        help="a progress bar on stderr (corpus mode; default: when stderr is a terminal)",
+        help="progress bars on stderr: loading the model, answering (default: when stderr is a terminal)",
+    )
+    add("--quiet", action="store_true", help="nothing on stderr but errors: no progress bars, notes or summary")
+    add("--json", action="store_true", help='one document: print one {"questions", "answers"} JSON object')
+    add(
+        "--force",
+        action="store_true",
+        help="corpus mode: add to an --out that another model or other options wrote (default: refuse it)",
     )
 
 
@@ -218,12 +258,18 @@ def answer_document(parser: UsageParser, config: AnswerConfig) -> None:
         if not questions:
             parser.fail(f"{_source('questions', config.questions)} has no questions (one a line; blank lines skipped)")
         model, tokenizer = load(parser, config)
+        from ..frontends.prompting import generate_parallel  # start-up: torch once the files are read
+
         render = (config.template, None, config.system_prompt)
-        answers = generate_parallel(model, tokenizer, document, questions, *render, **config.generation_options())
+        options = {"progress": config.shows_progress(), **config.generation_options()}
+        answers = generate_parallel(model, tokenizer, document, questions, *render, **options)
     except (ValueError, NotImplementedError) as error:  # a document longer than the model takes, a model refused
         parser.fail(str(error))
     except KeyboardInterrupt:
         parser.interrupted("nothing was saved (the answers are printed once all are done)")
+    if config.json:
+        print(json.dumps({"questions": questions, "answers": answers}, ensure_ascii=False))
+        return
     for question, answer in zip(questions, answers):
         print(f"Q: {question}\nA: {answer}\n")
 
@@ -243,19 +289,31 @@ def _source(what: str, path: str) -> str:
 
 
 def load(parser: UsageParser, config: AnswerConfig):
-    """(model, tokenizer) of the config's --model, --dtype, --device and --attn (`load_named`)."""
-    return load_named(parser, config.model, config.dtype, config.device, config.attn)
+    """(model, tokenizer) of the config's --model, --dtype, --device, --attn and progress (`load_named`)."""
+    return load_named(parser, config.model, config.dtype, config.device, config.attn, config.shows_progress())
 
 
-def load_named(parser: UsageParser, model: str | None, dtype: str, device: str | None, attn: str):
+def load_named(
+    parser: UsageParser, model: str | None, dtype: str, device: str | None, attn: str, progress: bool | None = None
+):
     """(model, tokenizer): `model`, else the embedded SmolLM2, in `dtype` ("auto": bfloat16 on CUDA, float32 on the
     CPU) on `device` (None: cuda when there is one); a usage error where the model cannot be loaded or `attn` cannot
-    run on the device."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run on the device.  progress: the loading's progress bars (None: when stderr is a terminal)."""
+    import torch  # start-up: --help and a mistake in the flags import no torch
+
+    device, dtype = placement(device, dtype)
     if attn == "triton" and device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         parser.fail("--attn triton runs on CUDA; on the CPU, pass --attn reference (or auto)")
-    dtype = dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     try:
-        return load_model(model, getattr(torch, dtype), device)
+        return load_model(model, getattr(torch, dtype), device, progress)
     except ModelSourceError as error:
         parser.fail(str(error))
+
+
+def placement(device: str | None, dtype: str) -> tuple[str, str]:
+    """(device, dtype name) the flags resolve to: device None is cuda when there is one, else cpu; dtype "auto" is
+    bfloat16 on CUDA, float32 on the CPU."""
+    import torch  # start-up: as in load_named
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")

@@ -1,111 +1,203 @@
-"""`hf-parallel answer --corpus IN --out OUT`: every document of a JSON-lines corpus, resumable.
+"""`hf-parallel answer --corpus IN [--out OUT]`: every document of a JSON-lines corpus, resumable by the document.
 
-Answered documents are appended to OUT as they finish; a rerun skips those OUT holds.  Under
-`accelerate launch` with several processes each answers a share of the documents, appending to a
-part file of OUT, and the main process merges the parts into OUT in input order.
+Each document's line is written as soon as its last answer is done, from inside a generate call, to OUT
+(appended) or to standard output; a rerun skips the documents OUT holds.  Each line records the model and
+the options that change answers, and a rerun with others is refused unless --force.  Under `accelerate
+launch` with several processes each answers a share of the documents, appending to a part file of OUT,
+and the main process merges the parts into OUT in input order.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import sys
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..decoding.inputs import check_tokens
-from ..frontends.corpus import answer_key, finished_answers, read_corpus
-from ..frontends.data_parallel import answer_share, merge_parts, part_files, part_path, process_state
-from ..frontends.jsonlines import append_json_lines
-from ..frontends.prompting import render_prompts
-from .answer import AnswerConfig, load
+from ..frontends.jsonlines import append_json_lines, read_json_lines
+from ..frontends.model_loading import DEFAULT_NAME
+from .answer import AnswerConfig, load, placement
 from .usage import INTERRUPTED, UsageParser
+
+# the generation options that change answers, recorded in each line (the others change only the speed)
+ANSWER_OPTIONS = ("max_new_tokens", "do_sample", "temperature", "top_p", "seed")
+
+
+@dataclass
+class CorpusRun:
+    """One run's output: where lines go, what they record, and what this process has written."""
+
+    parser: UsageParser
+    config: AnswerConfig
+    state: object = None  # accelerate's PartialState, once torch is loaded
+    record: dict | None = None  # {"model", "options"}: what every line of this run records
+    documents: int = 0  # written by this process
+    questions: int = 0
+
+    def write(self, target: Path | None, record: dict, answers: list) -> None:
+        """The document's line, on disk (or standard output) before returning."""
+        line = {"line": record["line"], "id": record["id"], "questions": record["questions"], "answers": answers}
+        line = {k: v for k, v in line.items() if k != "id" or v is not None} | self.record
+        if target is None:
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+        else:
+            append_json_lines(target, [line])
+        self.documents, self.questions = self.documents + 1, self.questions + len(record["questions"])
+
+    def note(self, message: str) -> None:
+        """A note on stderr, from the main process only (every process of a launch finds the same), unless --quiet."""
+        if not self.config.quiet and (self.state is None or self.state.is_main_process):
+            print(f"{self.parser.prog}: {message}", file=sys.stderr)
 
 
 def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
-    """Answer the corpus's documents that --out does not hold yet, appending each line as it finishes.
+    """Answer the corpus's documents that --out does not hold yet, writing each line as the document finishes;
+    a one-line summary on stderr at the end (but under --quiet).
 
     Under `accelerate launch` with several processes each answers its share on its own device and
     appends to a part file of --out; once all are done, the main process appends the parts to --out
     in input order.  Parts left by an interrupted run are honoured the same way by one process.
     """
-    state = process_state(cpu=True if (config.device or "").startswith("cpu") else None)
+    start, run = time.perf_counter(), CorpusRun(parser, config)
+    _check_readable(parser, config.corpus)  # before torch loads: a mistyped path is answered at once
     try:
-        problems = _answer_share(parser, config, state)
+        problems = _answer_share(run)
     except KeyboardInterrupt:
-        if not state.is_main_process:
+        if run.state is not None and not run.state.is_main_process:
             parser.exit(INTERRUPTED)
-        parser.interrupted(_saved(config, state.num_processes))
-    state.wait_for_everyone()
-    if state.is_main_process:
+        parser.interrupted(_saved(run))
+    from ..frontends.data_parallel import merge_parts  # start-up: loaded by _answer_share, once the corpus is found
+
+    run.state.wait_for_everyone()
+    if run.state.is_main_process and config.out:
+        from ..frontends.corpus import answer_key  # start-up: as merge_parts
+
         merge_parts(config.out, answer_key, lambda line: line["line"])
     if problems:
         lines = ", ".join(str(line) for line, _ in sorted(problems))
+        where = config.out or "standard output"
         parser.fail(
             f"skipped {len(problems)} bad line(s) of {config.corpus} (line {lines}, reported above); the other "
-            f"documents' answers are in {config.out}"
+            f"documents' answers are in {where}"
+        )
+    if run.state.num_processes == 1:  # under several, each process knows only its own share
+        where = f"answers in {config.out}" if config.out else "answers written to standard output"
+        run.note(
+            f"{run.documents} document(s), {run.questions} question(s) answered in "
+            f"{time.perf_counter() - start:.1f} s; {where}"
         )
 
 
-def _answer_share(parser: UsageParser, config: AnswerConfig, state) -> list[tuple]:
+def _check_readable(parser: UsageParser, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        parser.fail(f"cannot read the corpus {path}: {error}")
+
+
+def _answer_share(run: CorpusRun) -> list[tuple]:
     """Answer this process's share of the documents --out does not hold; the corpus's bad lines."""
+    # start-up: torch and the engine load here, once the corpus is found
+    from ..frontends.data_parallel import answer_share, part_files, part_path, process_state
+
+    parser, config = run.parser, run.config
+    run.state = state = process_state(cpu=True if (config.device or "").startswith("cpu") else None)
+    if state.num_processes > 1 and not config.out:
+        parser.fail("several processes need --out: each appends its share to a part file of it")
+    if config.device is None and state.num_processes > 1:  # each process on its own device
+        config = replace(config, device=str(state.device))
+    device, dtype = placement(config.device, config.dtype)
+    run.record = _recorded(config, dtype)
     # --out gets lines directly only from one process with no part files left, whose lines would have to be ordered
-    target = config.out if state.num_processes == 1 and not part_files(config.out) else None
-    records, problems = _corpus_todo(parser, config)
+    direct = state.num_processes == 1 and not (config.out and part_files(config.out))
+    records, problems = _corpus_todo(run)
     state.wait_for_everyone()  # every rank reads --out and the parts (and so splits alike) before any appends
     if not records:
         return problems
-    if config.device is None and state.num_processes > 1:
-        config = replace(config, device=str(state.device))
-    if state.num_processes > 1:  # one note per process: which one, where (and that the launch made several)
-        where = f"process {state.process_index} of {state.num_processes} on {config.device or 'cuda'}"
-        print(f"{parser.prog}: {where}", file=sys.stderr)
+    if state.num_processes > 1 and not config.quiet:  # one note per process: which one, where
+        print(f"{parser.prog}: process {state.process_index} of {state.num_processes} on {device}", file=sys.stderr)
     model, tokenizer = load(parser, config)
-    records = _fitting(parser, model, tokenizer, records, config, problems)
+    records = _fitting(run, model, tokenizer, records, problems)
+    target = None if not config.out else Path(config.out) if direct else part_path(config.out, state.process_index)
     pairs = [(r["document"], r["questions"]) for r in records]
     render = {"template": config.template, "use_chat_template": None, "system_prompt": config.system_prompt}
-    options = {"tokens_per_call": config.tokens_per_call, "progress": config.progress, **config.generation_options()}
+    options = {"tokens_per_call": config.tokens_per_call, "progress": config.shows_progress()}
     try:
-        for result in answer_share(model, tokenizer, pairs, state, render, **options):
-            line = _answer_line(records[result.index], result.answers)
-            append_json_lines(target or part_path(config.out, state.process_index), [line])
+        for result in answer_share(model, tokenizer, pairs, state, render, **options, **config.generation_options()):
+            run.write(target, records[result.index], result.answers)
     except (ValueError, NotImplementedError) as error:  # options the model or the device refuses
         parser.fail(str(error))
     return problems
 
 
-def _saved(config: AnswerConfig, processes: int) -> str:
-    """What an interrupted corpus run leaves in --out, and how to go on."""
-    again = "run the same command again to answer the rest"
-    if processes > 1:  # the other processes may still be writing their parts: not read here
+def _recorded(config: AnswerConfig, dtype: str) -> dict:
+    """What each line records: the model (a directory as its absolute path) and the options that change answers."""
+    model = config.model or DEFAULT_NAME
+    if config.model and Path(config.model).expanduser().is_dir():
+        model = str(Path(config.model).expanduser().resolve())
+    generation = {k: v for k, v in config.generation_options().items() if k in ANSWER_OPTIONS}
+    prompts = {"template": config.template, "system_prompt": config.system_prompt}
+    return {"model": model, "options": {"dtype": dtype, **generation, **{k: v for k, v in prompts.items() if v}}}
+
+
+def _saved(run: CorpusRun) -> str:
+    """What an interrupted corpus run leaves, and how to go on."""
+    config, again = run.config, "run the same command again to answer the rest"
+    if not config.out:
+        return f"the answers of {run.documents} document(s) went to standard output; without --out a run cannot resume"
+    if run.state is not None and run.state.num_processes > 1:  # the other processes may still be writing their parts
         return f"the answered documents are in {config.out} and its part files; {again}"
-    try:
-        held = len(_held(config))
-    except (OSError, UnicodeDecodeError, ValueError):
+    parts = glob.glob(f"{glob.escape(config.out)}.part-*")  # an earlier launch's, which this run appends to
+    try:  # without the engine's modules: Ctrl-C may have come while they were loading
+        held = sum(isinstance(line, dict) for path in [config.out, *parts] for line in read_json_lines(path))
+    except (OSError, UnicodeDecodeError):
         return f"the answered documents are in {config.out}; {again}"
-    return f"{config.out} holds the answers of {held} document(s); {again}"
+    if not held:
+        return f"no document was finished, so nothing was written to {config.out}; run the same command again"
+    return f"{config.out} holds the answers of {held} document(s), {run.documents} of them from this run; {again}"
 
 
-def _corpus_todo(parser: UsageParser, config: AnswerConfig) -> tuple[list[dict], list[tuple]]:
+def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
     """The corpus's good records that neither --out nor its part files hold yet, and its bad lines
-    (reported on stderr)."""
+    (reported on stderr); a usage error where --out holds another corpus's answers, or another run's."""
+    from ..frontends.corpus import answer_key, read_corpus  # start-up: as in _answer_share
+
+    parser, config = run.parser, run.config
     try:
         records, problems = read_corpus(config.corpus)
     except (OSError, UnicodeDecodeError) as error:
         parser.fail(f"cannot read the corpus {config.corpus}: {error}")
     for line, problem in problems:
-        _skip(parser, config, line, problem)
+        _skip(run, line, problem)
     if not records and not problems:
         parser.fail(f'the corpus {config.corpus} is empty (expected one {{"document", "questions"}} object a line)')
-    finished = _finished(parser, config)
+    finished = _finished(parser, config) if config.out else {}
     questions = {answer_key(r): r["questions"] for r in records}
-    for key, asked in finished.items():
-        if questions.get(key) != asked:
+    for key, held in finished.items():
+        if questions.get(key) != held["questions"]:
             parser.fail(
                 f"{config.out} holds the answers of another corpus (its {key[0]} {key[1]!r} has other questions "
                 f"in {config.corpus}, or none); pass another --out or delete it"
             )
+        if not config.force and {k: held.get(k) for k in run.record} != run.record:
+            parser.fail(
+                f"{config.out} holds answers of another run ({_difference(held, run.record)}); pass --force to add "
+                "this run's answers to it, or another --out"
+            )
     if finished:
-        _report(parser, f"{len(finished)} document(s) already answered in {config.out}")
+        run.note(f"{len(finished)} document(s) already answered in {config.out}")
     return [r for r in records if answer_key(r) not in finished], problems
+
+
+def _difference(held: dict, record: dict) -> str:
+    """How a held line's model and options differ from this run's, as "NAME THEIRS there, OURS here" parts."""
+    theirs = {"model": held.get("model"), **(held.get("options") or {})}
+    ours = {"model": record["model"], **record["options"]}
+    differ = [key for key in {**theirs, **ours} if theirs.get(key) != ours.get(key)]
+    return "; ".join(f"{key} {theirs.get(key, 'unset')} there, {ours.get(key, 'unset')} here" for key in differ)
 
 
 def _finished(parser: UsageParser, config: AnswerConfig) -> dict:
@@ -119,42 +211,39 @@ def _finished(parser: UsageParser, config: AnswerConfig) -> dict:
 
 
 def _held(config: AnswerConfig) -> dict:
-    """The documents --out and its part files (from an interrupted run over several processes) hold."""
+    """The documents' lines --out and its part files (from an interrupted run over several processes) hold."""
+    from ..frontends.corpus import finished_answers  # start-up: as in _answer_share
+    from ..frontends.data_parallel import part_files  # start-up: as in _answer_share
+
     finished = {}
     for path in [config.out, *part_files(config.out)]:
         finished.update(finished_answers(path))
     return finished
 
 
-def _fitting(parser, model, tokenizer, records: list[dict], config: AnswerConfig, problems: list) -> list[dict]:
+def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], problems: list) -> list[dict]:
     """The records whose prompts fit the model's positions; each other one becomes a reported bad line."""
-    fitting = []
+    from ..decoding.inputs import check_tokens  # start-up: as in _answer_share
+    from ..frontends.prompting import render_prompts  # start-up: as in _answer_share
+
+    config, fitting = run.config, []
     for record in records:
         try:
             render = (config.template, None, config.system_prompt)
             prompts = render_prompts(tokenizer, record["document"], record["questions"], *render)
         except ValueError as error:  # a flag the tokenizer cannot honour: a system prompt without a chat template
-            parser.fail(str(error))
+            run.parser.fail(str(error))
         try:
             for j, prompt in enumerate(prompts):
                 check_tokens(model, f"question {j}'s prompt", prompt, config.max_new_tokens or 0)
             fitting.append(record)
         except ValueError as error:
             problems.append((record["line"], str(error)))
-            _skip(parser, config, *problems[-1])
+            _skip(run, *problems[-1])
     return fitting
 
 
-def _skip(parser: UsageParser, config: AnswerConfig, line: int, problem: str) -> None:
-    _report(parser, f"{config.corpus} line {line}: {problem}; skipped")
-
-
-def _report(parser: UsageParser, message: str) -> None:
-    """A note on stderr, from the main process only: every process of a launch finds the same."""
-    if process_state().is_main_process:
-        print(f"{parser.prog}: {message}", file=sys.stderr)
-
-
-def _answer_line(record: dict, answers: list) -> dict:
-    line = {"line": record["line"], "id": record["id"], "questions": record["questions"], "answers": answers}
-    return line if record["id"] is not None else {k: v for k, v in line.items() if k != "id"}
+def _skip(run: CorpusRun, line: int, problem: str) -> None:
+    """A bad line, reported from the main process (under --quiet too: it is part of the error the run ends with)."""
+    if run.state is None or run.state.is_main_process:
+        print(f"{run.parser.prog}: {run.config.corpus} line {line}: {problem}; skipped", file=sys.stderr)

@@ -90,7 +90,25 @@ def table(report: dict) -> str:
         ci = f"{100 * ci['mean']:+.2f} [{100 * ci['lo']:+.2f}, {100 * ci['hi']:+.2f}]" if ci else "-"
         differ = f"{row['differ_from_standard']}/{report['n_questions']}" if "differ_from_standard" in row else "-"
         lines.append(f"| {m} | {em} | {100 * row['f1']:.1f} | {row['wall_s']:.1f} | {speed} | {ci} | {differ} |")
+    missing = missing_batch_answers(report)
+    if missing:
+        lines += ["", _BATCH_NOTE.format(missing=missing, n=report["n_questions"])]
     return "\n".join(lines)
+
+
+# why batch prompting's F1 can be near 0: said beside the table, where it shows
+_BATCH_NOTE = (
+    'batch prompting: {missing} of {n} answers are missing from the model\'s output (it wrote no "A<n>: ..." line '
+    "for them) and score 0; a small model often does not keep that format.  The raw outputs are the report's "
+    "batch_outputs."
+)
+
+
+def missing_batch_answers(report: dict) -> int:
+    """How many questions batch prompting left unanswered (`parse_batch_answers` found no answer): 0 without it."""
+    if "batch" not in report["summary"]:
+        return 0
+    return sum(not record["predictions"].get("batch", "").strip() for record in report.get("questions", []))
 
 
 def merge_reports(reports: list[dict]) -> dict:

@@ -1,5 +1,5 @@
-"""Many documents, each with its own questions: `answer_corpus` answers them in input order, a
-document's answers as soon as its `generate_tokens` call is done, several documents per call.
+"""Many documents, each with its own questions: `answer_corpus` answers them several documents per call,
+each document's answers as soon as its last answer is done (from inside the call, in the order they finish).
 
 Also the JSON-lines files of `hf-parallel answer --corpus`: `read_corpus` reads the input (a bad
 line is reported, not fatal), `finished_answers` what an earlier run already wrote to the output,
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, check_tokens, eos_token_ids
-from ..engine.generate import generate_tokens
+from ..engine.generate import stream_tokens
 from .jsonlines import read_json_lines
 from .prompting import render_prompts
 
@@ -55,7 +55,8 @@ def answer_corpus(
     progress: bool | None = None,
     **options,
 ) -> Iterator[CorpusAnswer]:
-    """Answer every record's questions about its document; one `CorpusAnswer` per record, in input order.
+    """Answer every record's questions about its document; one `CorpusAnswer` per record, yielded as soon as the
+    record's last answer is done, even within a call: in the order records finish, which `index` names.
 
     records: (document, questions) pairs, or dicts with "document", "questions" and an optional
         "id"; a sequence is checked whole before any model work, any other iterable is read lazily.
@@ -64,12 +65,13 @@ def answer_corpus(
     prompt tokens (each document's shared prefix once) fit in `tokens_per_call`; a larger
     document gets a call of its own.  Answers are decoded as `generate_parallel` decodes them.
     progress: a bar over questions answered on stderr; default: when stderr is a terminal.
-    options: generation options, as for `generate_parallel`.
+    options: generation options, as for `generate_parallel` (its own bar, `progress`, is this one's).
     """
     if isinstance(tokens_per_call, bool) or not isinstance(tokens_per_call, int) or tokens_per_call < 1:
         raise ValueError(f"tokens_per_call must be an integer >= 1, got {tokens_per_call!r}")
     options.setdefault("eos_token_id", eos_token_ids(model, tokenizer))
     options.setdefault("tokenizer", tokenizer)  # for stop_strings, as generate_parallel passes it
+    options["progress"] = False  # the call's bar over its answers: this function's bar over questions instead
     render = {"template": template, "use_chat_template": use_chat_template, "system_prompt": system_prompt}
     items = ((i, as_record(r, f"record {i}")) for i, r in enumerate(records))
     total = None
@@ -130,17 +132,46 @@ def prompt_tokens(prompts: list[list[int]]) -> int:
 
 
 def _answers(model, tokenizer, calls, options: dict, bar_options: dict) -> Iterator[CorpusAnswer]:
+    n = _returns_per_prompt(model, options)
     with tqdm(desc="questions", unit="q", **bar_options) as bar:
         for batch in calls:
-            prompts = [p for _, _, ps in batch for p in ps]
-            tokens = generate_tokens(model, prompts, **options) if prompts else []
-            texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
-            n = len(texts) // len(prompts) if prompts else 1  # num_return_sequences: a question's answers contiguous
-            answers = iter(texts if n == 1 else [texts[i : i + n] for i in range(0, len(texts), n)])
-            for index, (record_id, document, questions), _ in batch:
-                done = [next(answers) for _ in questions]
-                bar.update(len(questions))
-                yield CorpusAnswer(index, index if record_id is None else record_id, document, questions, done)
+            yield from _call(model, tokenizer, batch, n, options, bar)
+
+
+def _call(model, tokenizer, batch: list, n: int, options: dict, bar) -> Iterator[CorpusAnswer]:
+    """One call's records, each as soon as its last stream is done (a record without questions at once).
+
+    The call's streams are its records' questions in order, n contiguous streams a question (n:
+    num_return_sequences).
+    """
+    asked = [(position, j) for position, (_, (_, _, qs), _) in enumerate(batch) for j in range(len(qs))]
+    texts = [[None] * (len(qs) * n) for _, (_, _, qs), _ in batch]  # per record: its streams' answers
+    left, question_left = [len(t) for t in texts], [n] * len(asked)
+    for position in (p for p, count in enumerate(left) if count == 0):
+        yield _answer(batch[position], [])
+    prompts = [p for _, _, ps in batch for p in ps]
+    for stream, tokens in stream_tokens(model, prompts, **options) if prompts else ():
+        question = stream // n
+        position, j = asked[question]
+        texts[position][j * n + stream % n] = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+        left[position], question_left[question] = left[position] - 1, question_left[question] - 1
+        if question_left[question] == 0:
+            bar.update(1)
+        if left[position] == 0:
+            done = texts[position]
+            yield _answer(batch[position], done if n == 1 else [done[i : i + n] for i in range(0, len(done), n)])
+
+
+def _answer(item: tuple, answers: list) -> CorpusAnswer:
+    index, (record_id, document, questions), _ = item
+    return CorpusAnswer(index, index if record_id is None else record_id, document, questions, answers)
+
+
+def _returns_per_prompt(model, options: dict) -> int:
+    """Answers per prompt (num_return_sequences), merged as generate merges it: the keyword over
+    generation_config= over the model's generation_config."""
+    config = options.get("generation_config") or getattr(model, "generation_config", None)
+    return options.get("num_return_sequences") or getattr(config, "num_return_sequences", None) or 1
 
 
 # --------------------------------------------------------------------------- JSON-lines files
@@ -190,8 +221,8 @@ def answer_key(record: dict) -> tuple:
     return ("id", record["id"]) if record.get("id") is not None else ("line", record["line"])
 
 
-def finished_answers(path: str | Path) -> dict[tuple, list[str]]:
-    """The documents an earlier run wrote to an output file: `answer_key` -> questions.
+def finished_answers(path: str | Path) -> dict[tuple, dict]:
+    """The documents an earlier run wrote to an output file: `answer_key` -> its line.
 
     A last line cut short by an interruption is removed from the file (its document runs again);
     any other line that is not an answer line raises ValueError naming it.
@@ -200,5 +231,5 @@ def finished_answers(path: str | Path) -> dict[tuple, list[str]]:
     for number, record in enumerate(read_json_lines(path), 1):
         if not isinstance(record, dict) or not {"line", "questions", "answers"} <= record.keys():
             raise ValueError(f"{path} line {number} is not an answer line of `hf-parallel answer --corpus`")
-        finished[answer_key(record)] = record["questions"]
+        finished[answer_key(record)] = record
     return finished

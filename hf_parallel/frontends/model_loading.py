@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import huggingface_hub
-import torch
+import huggingface_hub  # lazy itself: its parts load on first use
 from huggingface_hub import constants
 from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from . import default_model
+from .progress import shown, transformers_bars
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 PROBE_SECONDS = 5.0  # how long the hub may take to say whether it has the model
@@ -37,21 +36,26 @@ class ModelSourceError(ValueError):
     """`--model` names nothing that can be loaded; the message says why."""
 
 
-def load_model(name: str | None, dtype: torch.dtype, device: str):
-    """(model, tokenizer) of `name` (None: the embedded SmolLM2) in `dtype` on `device`, in eval mode.
+def load_model(name: str | None, dtype, device: str, progress: bool | None = None):
+    """(model, tokenizer) of `name` (None: the embedded SmolLM2) in `dtype` (a torch dtype) on `device`, in eval mode.
 
+    progress: the loading's progress bars on stderr; default: when stderr is a terminal.
     Raises `ModelSourceError` when the name leads nowhere, the device is not there, or the model cannot be loaded.
     """
+    import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ModelSourceError(f"the device {device} is not there: torch sees no CUDA device on this machine")
     source, cache_only = locate(name) if name is not None else (None, True)
     try:
         if source is None:
-            return default_model.load_smollm2(dtype, device)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, device_map=device, local_files_only=cache_only
-        )
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=cache_only)
+            return default_model.load_smollm2(dtype, device, progress)
+        with transformers_bars(shown(progress)):
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, device_map=device, local_files_only=cache_only
+            )
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=cache_only)
     except (OSError, ValueError, ImportError) as error:  # no weights, a missing package, a bad config
         said = " ".join(str(error).split())  # transformers' messages run over several lines
         raise ModelSourceError(f"cannot load the model {name or DEFAULT_NAME}: {said}") from error
