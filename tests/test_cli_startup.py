@@ -130,6 +130,36 @@ def test_the_method_answers_as_generate_parallel():
         model.generate_parallel(document, questions)
 
 
+def test_the_cpu_path_answers_as_generate_without_triton(tmp_path):
+    """The demo extra installs no triton: on the CPU the engine must not import it, and must answer as generate."""
+    code = """
+        import sys
+
+        class NoTriton:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "triton":
+                    raise ImportError("no triton here")
+
+        sys.meta_path.insert(0, NoTriton())
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        import hf_parallel
+
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2)
+        model = LlamaForCausalLM(config).eval()
+        prompts = [[1, 2, 3, 4, 5], [1, 2, 3, 6], [7, 8]]
+        ours = hf_parallel.generate_tokens(model, prompts, max_new_tokens=6, do_sample=False)
+        theirs = [model.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p):].tolist()
+                  for p in prompts]
+        print(ours == theirs, any(m.split(".")[0] == "triton" for m in sys.modules))
+    """
+    done = run_python(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False"]
+
+
 # --------------------------------------------------------------------------- Ctrl-C while starting
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,14 @@ def test_hf_parallel_lm_eval_reports_a_refused_model_argument_in_one_line(tmp_pa
     assert stop.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hf-parallel lm-eval: error: hf-parallel does not take the model argument peft='x'")
+
+
+def test_save_smollm2_writes_files_every_user_may_read_as_the_umask_allows(model_dir):
+    """`save-smollm2 DIR` is for `pretrained=DIR`, often another user's or a container's: safetensors writes its
+    file 0600, the directory's files are left as the umask allows."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    files = [p for p in model_dir.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    for path in files:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path

@@ -1,7 +1,8 @@
 """The embedded SmolLM2-135M-Instruct as a model directory, which `--model hf` and `--model hf-parallel` both load.
 
 The harness's own backend loads `pretrained=` a directory; transformers does not save a model loaded from GGUF,
-so its dequantized float32 weights go into a fresh model of the same config, saved as safetensors.
+so its dequantized float32 weights go into a fresh model of the same config, saved as safetensors, every file
+readable as the umask allows (`frontends.default_model.save_model_dir`).
 """
 
 from __future__ import annotations
@@ -9,22 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from ..frontends.default_model import load_smollm2
+from ..frontends.default_model import load_smollm2, save_model_dir
 
-
-def save_model_dir(model: PreTrainedModel, tokenizer, folder: str | Path) -> Path:
-    """Write `model` (GGUF-loaded or not) and `tokenizer` to `folder` with save_pretrained; returns the folder."""
-    folder = Path(folder)
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)  # the GGUF marker, which keeps transformers from saving
-    plain = AutoModelForCausalLM.from_config(type(model.config).from_dict(config), dtype=model.dtype)
-    plain.load_state_dict(model.state_dict(), strict=True)
-    plain.generation_config = model.generation_config
-    plain.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+__all__ = ["embedded_model_dir", "save_model_dir"]
 
 
 def embedded_model_dir(folder: str | Path, dtype: torch.dtype = torch.float32) -> Path:
