@@ -163,12 +163,10 @@ def test_the_cpu_path_answers_as_generate_without_triton(tmp_path):
 # --------------------------------------------------------------------------- Ctrl-C while starting
 
 
-def test_ctrl_c_while_torch_loads_is_one_line_and_status_130(tmp_path):
-    """Ctrl-C while torch is being imported (the slowest part of a start), simulated by a finder that raises
-    KeyboardInterrupt where `import torch` runs; the console script's own steps otherwise."""
-    (tmp_path / "doc.txt").write_text("A document.")
-    (tmp_path / "q.txt").write_text("A question?")
-    code = """
+def ctrl_c_while_torch_loads(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """`hf-parallel ARGV` as the console script runs it, with Ctrl-C where `import torch` runs (a finder that
+    raises KeyboardInterrupt there: the slowest part of a start)."""
+    code = f"""
         import sys
 
         class CtrlC:
@@ -177,11 +175,19 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_status_130(tmp_path):
                     raise KeyboardInterrupt
 
         sys.meta_path.insert(0, CtrlC())
-        sys.argv = ["hf-parallel", "answer", "--document", "doc.txt", "--questions", "q.txt"]
+        sys.argv = ["hf-parallel", *{argv!r}]
         from hf_parallel.cli import main
         sys.exit(main())
     """
-    done = run_python(code, tmp_path)
+    return run_python(code, tmp_path)
+
+
+def test_ctrl_c_while_torch_loads_is_one_line_and_status_130(tmp_path):
+    """Ctrl-C while torch is being imported (the slowest part of a start), simulated by a finder that raises
+    KeyboardInterrupt where `import torch` runs; the console script's own steps otherwise."""
+    (tmp_path / "doc.txt").write_text("A document.")
+    (tmp_path / "q.txt").write_text("A question?")
+    done = ctrl_c_while_torch_loads(["answer", "--document", "doc.txt", "--questions", "q.txt"], tmp_path)
     assert done.returncode == 130 and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [
         "hf-parallel answer: interrupted; nothing was saved (the answers are printed once all are done)"
@@ -190,20 +196,7 @@ def test_ctrl_c_while_torch_loads_is_one_line_and_status_130(tmp_path):
 
 def test_ctrl_c_while_a_corpus_run_starts_says_nothing_was_written(tmp_path):
     (tmp_path / "in.jsonl").write_text(json.dumps({"document": "A document.", "questions": ["Why?"]}) + "\n")
-    code = """
-        import sys
-
-        class CtrlC:
-            def find_spec(self, name, path=None, target=None):
-                if name == "torch":
-                    raise KeyboardInterrupt
-
-        sys.meta_path.insert(0, CtrlC())
-        sys.argv = ["hf-parallel", "answer", "--corpus", "in.jsonl", "--out", "out.jsonl"]
-        from hf_parallel.cli import main
-        sys.exit(main())
-    """
-    done = run_python(code, tmp_path)
+    done = ctrl_c_while_torch_loads(["answer", "--corpus", "in.jsonl", "--out", "out.jsonl"], tmp_path)
     assert done.returncode == 130 and not (tmp_path / "out.jsonl").exists()
     assert done.stderr.splitlines() == [
         "hf-parallel answer: interrupted; no document was finished, so nothing was written to out.jsonl; run the "
