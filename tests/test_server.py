@@ -427,7 +427,8 @@ def test_the_batch_runner_answers_as_the_server_and_reports_bad_lines(served, tm
     summary = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)
     records = [json.loads(x) for x in out.read_text().splitlines()]
     assert summary.answered == len(records) == len(lines) + len(bad) and summary.failed == len(bad)
-    by_id = {r["custom_id"]: r for r in records if not (r["custom_id"] == first and r["error"])}
+    by_id = {r["custom_id"]: r for r in records}
+    assert len(by_id) == len(records)  # a repeated custom_id's error line is keyed by its line, as a resume reads it
     for line in lines:
         record = by_id[line["custom_id"]]
         assert record["error"] is None and record["response"]["status_code"] == 200
@@ -436,13 +437,18 @@ def test_the_batch_runner_answers_as_the_server_and_reports_bad_lines(served, tm
         key = "message" if line["url"].endswith("chat/completions") else "text"
         assert [(c[key], c["finish_reason"]) for c in got] == [(c[key], c["finish_reason"]) for c in want]
     assert by_id["line 6"]["error"]["message"].startswith("line 6: not a JSON object")
-    repeated = [r for r in records if r["custom_id"] == first and r["error"]]
-    assert "used by an earlier line" in repeated[0]["error"]["message"]
+    assert by_id["line 7"]["error"]["message"] == f"line 7: custom_id {first!r} is used by an earlier line"
     assert by_id["x1"]["error"]["code"] == "invalid_request"
     refused = by_id["x2"]["response"]
     assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "best_of"
     again = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)  # all answered: nothing runs
     assert again.answered == 0 and again.skipped == len(records) and len(out.read_text().splitlines()) == len(records)
+    # interrupted before the first line's answer was written (error lines are written first): a resume answers it
+    kept = [x for x in out.read_text().splitlines() if json.loads(x)["custom_id"] != first]
+    out.write_text("".join(x + "\n" for x in kept))
+    resumed = run_batch(engine, tokenizer, NAME, source, out, max_n=8, progress=False)
+    assert resumed.answered == 1 and len(out.read_text().splitlines()) == len(records)
+    assert json.loads(out.read_text().splitlines()[-1])["custom_id"] == first
 
 
 # -- drafts and recurrent layers through the server --

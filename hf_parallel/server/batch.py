@@ -119,12 +119,16 @@ def sort_output(input_path, output_path) -> None:
 
 
 def _lines(input_path) -> list[Line]:
-    lines = []
+    """The input's non-blank lines; a line keyed "line N" where it has no custom_id or repeats an earlier line's
+    (so that its error line never stands for the earlier line's answer when a run resumes)."""
+    lines, ids = [], set()
     for number, text in enumerate(Path(input_path).read_text(encoding="utf-8").splitlines(), 1):
         if text.strip():
             record = json_or_none(text)
             custom_id = record.get("custom_id") if isinstance(record, dict) else None
-            lines.append(Line(number, custom_id if isinstance(custom_id, str) else f"line {number}", record))
+            key = custom_id if isinstance(custom_id, str) and custom_id not in ids else f"line {number}"
+            ids.add(custom_id)
+            lines.append(Line(number, key, record))
     return lines
 
 
