@@ -3,6 +3,7 @@ and a --model that leads nowhere (one line naming the cause at once, exit status
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from unittest.mock import Mock
@@ -189,8 +190,11 @@ def test_a_cached_hub_id_loads_from_the_cache_offline_or_when_the_hub_is_unreach
     assert capsys.readouterr().out == "".join(f"Q: {q}\nA: {a}\n\n" for q, a in zip(CORPUS[0]["questions"], answers))
 
 
-def test_eval_model_that_leads_nowhere(capsys, no_model, hub):
-    err = usage_error(capsys, ["eval", "--model", "./no-such-model", "--limit", "2"])
+def test_eval_model_that_leads_nowhere(capsys, no_model, hub, tmp_path):
+    qa = {"id": "a", "question": "Who sat?", "answers": [{"text": "cat", "answer_start": 2}]}
+    data = tmp_path / "squad.json"  # the data is read first: this run's must be there, with or without ../shared
+    data.write_text(json.dumps({"data": [{"title": "T", "paragraphs": [{"context": "A cat sat.", "qas": [qa]}]}]}))
+    err = usage_error(capsys, ["eval", "--model", "./no-such-model", "--data", str(data), "--limit", "2"])
     assert err == "hf-parallel eval: error: no such directory: ./no-such-model\n"
 
 
