@@ -169,6 +169,28 @@ def test_eval_with_a_model_directory(tmp_path, capsys, no_model):
     assert report["n_questions"] == 1 and "| parallel |" in capsys.readouterr().out
 
 
+def test_eval_and_batch_bars_follow_progress_and_quiet(tmp_path, capsys, no_model):
+    """--progress shows the bars whatever stderr is, --no-progress and --quiet none (batch: --quiet no summary)."""
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    char_tokenizer().save_pretrained(tmp_path / "tiny")
+    model = ["--model", str(tmp_path / "tiny"), "--device", "cpu"]
+    evaluate = ["eval", "--data", str(squad_file(tmp_path)), *model, "--max-new-tokens", "2", "--resamples", "10"]
+    cli.main([*evaluate, "--methods", "parallel", "--progress"])
+    assert "parallel: 100%" in capsys.readouterr().err
+    cli.main([*evaluate, "--methods", "parallel", "--no-progress"])
+    assert "100%" not in capsys.readouterr().err
+    body = {"model": "tiny", "prompt": "A cat sat.", "max_tokens": 2, "temperature": 0}
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+    batch = ["batch", "--input", str(source), *model, "--served-model-name", "tiny"]
+    cli.main([*batch, "--output", str(tmp_path / "shown.jsonl"), "--progress"])
+    said = capsys.readouterr().err
+    assert "1/1" in said and said.endswith("0 of its 1 lines failed (error set, or a status_code other than 200)\n")
+    cli.main([*batch, "--output", str(tmp_path / "quiet.jsonl"), "--quiet"])
+    assert capsys.readouterr().err == ""
+    assert json.loads((tmp_path / "quiet.jsonl").read_text())["response"]["status_code"] == 200
+
+
 # --------------------------------------------------------------------------- eval: checkpoint and merge
 
 

@@ -59,6 +59,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda when available)")
     parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bars on stderr: loading the model (batch: and answering) (default: when stderr is a terminal)",
+    )
+    parser.add_argument(
         "--max-memory",
         default=None,
         metavar="SIZE",
@@ -129,6 +134,7 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, metavar="IN.jsonl", help="the batch file")
     parser.add_argument("--output", required=True, metavar="OUT.jsonl", help="appended to and resumed from")
     parser.add_argument("--sort", action="store_true", help="once every line is answered, rewrite OUT in input order")
+    parser.add_argument("--quiet", action="store_true", help="nothing on stderr but errors: no bars, no summary")
 
 
 def serve(parser: UsageParser, args: argparse.Namespace) -> None:
@@ -162,6 +168,8 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     # start-up: the server and the engine load only when a command runs (module docstring)
     from ..server.batch import Summary, run_batch, sort_output, tally, unanswered
 
+    if args.quiet and args.progress:
+        parser.fail("--quiet hides the progress bars that --progress asks for: give one of them")
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
     summary = Summary()
@@ -170,7 +178,8 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
         engine = None
         try:
             engine, tokenizer, name = _engine(parser, args, max_queue=sys.maxsize)
-            summary = run_batch(engine, tokenizer, name, args.input, args.output, max_n=args.max_n)
+            progress = False if args.quiet else args.progress
+            summary = run_batch(engine, tokenizer, name, args.input, args.output, max_n=args.max_n, progress=progress)
         except KeyboardInterrupt:
             parser.interrupted(f"the answered lines are in {args.output}; run again to answer the rest")
         finally:
@@ -179,6 +188,8 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     if args.sort:
         sort_output(args.input, args.output)
     lines, failed = tally(args.output)
+    if args.quiet:
+        return
     print(
         f"{summary.answered} lines answered now, {summary.skipped} already in {args.output}; "
         f"{failed} of its {lines} lines failed (error set, or a status_code other than 200)",
@@ -194,7 +205,8 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
 
     if args.max_memory is not None:
         _size(parser, "--max-memory", args.max_memory)
-    model, tokenizer = load_named(parser, args.model, args.dtype, args.device, args.attn)
+    progress = False if getattr(args, "quiet", False) else args.progress
+    model, tokenizer = load_named(parser, args.model, args.dtype, args.device, args.attn, progress)
     name = args.served_model_name or args.model or DEFAULT_NAME
     try:
         engine = Engine(

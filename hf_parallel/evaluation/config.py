@@ -42,6 +42,7 @@ class QualityConfig:
     seed: int = 0
     out: str | None = None  # JSON path (a .md table is written beside it)
     checkpoint: str | None = None  # JSON-lines file of finished generate calls: an interrupted run resumes from it
+    progress: bool | None = None  # bars on stderr (loading, each method's questions); None: when stderr is a terminal
 
     def __post_init__(self):
         if self.dataset not in DATASETS:
@@ -143,4 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="JSON-lines file of finished generate calls; run again with the same file, an interrupted run "
         "skips the calls it holds (wall time: the calls' own seconds)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bars on stderr: loading the model, each method's questions (default: when stderr is a terminal)",
     )

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from ..decoding.inputs import eos_token_ids
 from ..frontends.model_loading import DEFAULT_NAME, load_model
+from ..frontends.progress import shown
 from .batch_prompting import parse_batch_answers
 from .checkpoint import Checkpoint, checkpoint_header
 from .config import DOWNLOADS, OFFLINE_DATA, SHARED_DATA, QualityConfig
@@ -55,7 +56,7 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
             calls, size = parallel_calls(model, tokenizer, per_document, config, eos), len(prompts)
         else:
             calls, size = batch_calls(model, tokenizer, documents, batch_prompts, config, eos, pad), len(documents)
-        with tqdm(total=len(items), desc=m, unit="q") as bar:
+        with tqdm(total=len(items), desc=m, unit="q", disable=not shown(config.progress)) as bar:
             raw[m], wall[m], resumed[m] = execute(m, calls, size, model, bar, checkpoint)
         if m == "batch":
             batch_raw = raw[m]
@@ -115,7 +116,7 @@ def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
     documents = _load_documents(config)
     name = type(model).__name__ if model is not None else config.model or DEFAULT_NAME
     if model is None:
-        model, tokenizer = load_model(config.model, getattr(torch, config.dtype), config.device)
+        model, tokenizer = load_model(config.model, getattr(torch, config.dtype), config.device, config.progress)
     report = evaluate(model, tokenizer, documents, config, name)
     if config.out:
         write_report(report, Path(config.out))

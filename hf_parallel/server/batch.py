@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..engine.serving import Engine
 from ..frontends.jsonlines import append_json_lines, json_or_none, read_json_lines
+from ..frontends.progress import shown
 from .protocol import Answer, ApiError, Work, engine_error, model_limits, parse
 
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -169,7 +170,7 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
             request = engine.submit(prompt, job.work.options, job.work.n, _forward(events, k, p))
             job.requests.append(request)
     open_jobs = len(jobs)
-    bar = tqdm(total=len(jobs), unit="request", disable=progress is False)
+    bar = tqdm(total=len(jobs), unit="request", disable=not shown(progress))
     with bar:
         while open_jobs:
             k, p, kind, value = events.get()
