@@ -81,6 +81,13 @@ def test_a_mistake_in_the_flags_imports_neither_torch_nor_transformers(tmp_path)
         ["answer", "--corpus", "missing.jsonl"],
         ["answer", "--corpus", "in.jsonl", "--json"],
         ["demo", "--max-new-tokens", "0"],
+        ["answer", "--document", "doc.txt", "--questions", "q.txt", "--max-memory", "12XB"],
+        ["answer", "--document", "doc.txt", "--questions", "q.txt", "--template", "{document}"],
+        ["serve", "--max-memory", "12XB"],
+        ["serve", "--max-body", "0"],
+        ["batch", "--input", "missing.jsonl", "--output", "out.jsonl"],
+        ["batch", "--input", "doc.txt", "--output", "out.jsonl", "--max-memory", "lots"],
+        ["batch", "--input", "doc.txt", "--output", "out.jsonl", "--quiet", "--progress"],
     ]
     assert modules_after(argvs, tmp_path) == [[], [2] * len(argvs)]
 

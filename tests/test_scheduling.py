@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
-from hf_parallel.decoding.options import parse_memory
+from hf_parallel.decoding.sizes import parse_memory
 from hf_parallel.engine.policies import Refill
 from hf_parallel.row.layout import build_layout
 from hf_parallel.runner.patching import ModelProfile

@@ -13,8 +13,10 @@ import os
 import sys
 from dataclasses import dataclass, fields
 
+from ..decoding.sizes import parse_memory
 from ..frontends.model_loading import MODEL_HELP, ModelSourceError, load_model
 from ..frontends.progress import shown
+from ..frontends.templates import check_template
 from .usage import UsageParser, positive_int
 
 HELP = """\
@@ -105,8 +107,6 @@ class AnswerConfig:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
         if self.template is not None:
-            from ..frontends.prompting import check_template  # start-up: only for a template, as it loads torch
-
             check_template(self.template)
 
     def _check_modes(self) -> None:
@@ -121,8 +121,6 @@ class AnswerConfig:
         if self.attn not in ATTENTION:
             raise ValueError(f"attn must be one of {', '.join(ATTENTION)}, got {self.attn!r}")
         if self.max_memory is not None:
-            from ..decoding.options import parse_memory  # start-up: only for --max-memory, as it loads torch
-
             if parse_memory(self.max_memory) < 1:
                 raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
         for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call", "prompt_lookup_num_tokens"):

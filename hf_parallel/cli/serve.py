@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from ..decoding.sizes import parse_memory
 from ..frontends.model_loading import DEFAULT_NAME, MODEL_HELP
 from .answer import ATTENTION, DTYPES
 from .usage import UsageParser, positive_int
@@ -139,6 +140,9 @@ def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel serve`: until SIGTERM or Ctrl-C, then exit 0."""
+    max_body = _size(parser, "--max-body", args.max_body)  # the flags before torch loads: a mistake answers at once
+    if args.max_memory is not None:
+        _size(parser, "--max-memory", args.max_memory)
     try:
         import uvicorn  # optional: the `serve` extra
 
@@ -146,7 +150,6 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
         from ..server.draining import DrainingServer  # optional: uvicorn, of the `serve` extra
     except ImportError as error:
         parser.fail(f"hf-parallel serve needs FastAPI and uvicorn ({error}): pip install 'hf-parallel[serve]'")
-    max_body = _size(parser, "--max-body", args.max_body)
     try:
         engine, tokenizer, name = _engine(parser, args, max_queue=args.max_queue)
     except KeyboardInterrupt:
@@ -165,13 +168,15 @@ def serve(parser: UsageParser, args: argparse.Namespace) -> None:
 def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     """`hf-parallel batch`: every line of --input answered into --output (BATCH_HELP); no model loaded where every
     line is answered already.  Exit status 0 once every line has an output line, error lines included."""
-    # start-up: the server and the engine load only when a command runs (module docstring)
-    from ..server.batch import Summary, run_batch, sort_output, tally, unanswered
-
     if args.quiet and args.progress:
         parser.fail("--quiet hides the progress bars that --progress asks for: give one of them")
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
+    if args.max_memory is not None:
+        _size(parser, "--max-memory", args.max_memory)
+    # start-up: the server and the engine load only once the flags are checked (module docstring)
+    from ..server.batch import Summary, run_batch, sort_output, tally, unanswered
+
     summary = Summary()
     todo, summary.skipped = unanswered(args.input, args.output)
     if todo:
@@ -203,8 +208,6 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     from ..engine.serving import Engine
     from .answer import load_named  # start-up, as above
 
-    if args.max_memory is not None:
-        _size(parser, "--max-memory", args.max_memory)
     progress = False if getattr(args, "quiet", False) else args.progress
     model, tokenizer = load_named(parser, args.model, args.dtype, args.device, args.attn, progress)
     name = args.served_model_name or args.model or DEFAULT_NAME
@@ -224,8 +227,6 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
 
 def _size(parser: UsageParser, flag: str, text: str) -> int:
     """Bytes of a size flag (such as 4MiB); a usage error for one that is no size."""
-    from ..decoding.options import parse_memory  # start-up: it imports torch
-
     try:
         size = parse_memory(text)
     except ValueError:

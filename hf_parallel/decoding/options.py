@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import numbers
-import re
 from dataclasses import dataclass, field, replace
 
 from transformers import GenerationConfig, PreTrainedModel
@@ -23,6 +22,7 @@ from ..attention import BACKENDS, AttentionBackend
 from .drafting import NAMES as SPECULATION_NAMES
 from .drafting import Speculation
 from .generate_args import GenerateArgs
+from .sizes import parse_memory
 
 DEFAULT_MAX_NEW_TOKENS = 256  # when neither max_new_tokens nor max_length is set anywhere (generate: 20)
 OWN = (
@@ -281,34 +281,6 @@ def _stop_criterion(model: PreTrainedModel, args: GenerateArgs, tokenizer):
             "(generate_parallel passes its own)"
         )
     return StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings)
-
-
-MEMORY_UNITS = {
-    "": 1,
-    "B": 1,
-    "KB": 1e3,
-    "MB": 1e6,
-    "GB": 1e9,
-    "TB": 1e12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-
-
-def parse_memory(value) -> int:
-    """Bytes from an int or a string such as "40GiB" or "500 MB"."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise ValueError(f"max_memory must be positive, got {value}")
-        return value
-    if isinstance(value, str):
-        match = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B|B)?\s*", value, flags=re.IGNORECASE)
-        if match:
-            return int(float(match.group(1)) * MEMORY_UNITS[(match.group(2) or "").upper()])
-        raise ValueError(f"max_memory {value!r} is not a size such as '40GiB' or '500MB'")
-    raise TypeError(f"max_memory must be a number of bytes or a string such as '40GiB', got {type(value).__name__}")
 
 
 _INTS = (

@@ -11,18 +11,17 @@ tokenization").
 
 from __future__ import annotations
 
-import string
 from collections.abc import Sequence
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, eos_token_ids
 from ..engine.generate import generate_tokens
+from .templates import check_template
 
 PLAIN_TEMPLATE = "{document}\n\nQuestion: {question}"  # without a chat template; PLAIN_ANSWER follows
 CHAT_TEMPLATE = "{document}\n\n{question}"  # the user turn when the tokenizer has a chat template
 PLAIN_ANSWER = "\nAnswer:"  # closes a plain-text user turn
-TEMPLATE_FIELDS = ("document", "question")
 TOKENIZE_BATCH = 64  # texts per call of the tokenizer: enough for every core, while a fast tokenizer's encodings
 # (ids, offsets and token strings, until converted) of a long document's prompts stay a bounded batch
 
@@ -118,22 +117,6 @@ def _tokenized(tokenizer, texts: list[tuple[str, bool]]) -> list[list[int]]:
     for start in range(0, len(texts), TOKENIZE_BATCH):
         ids += tokenizer([text for text, _ in texts[start : start + TOKENIZE_BATCH]], **special)["input_ids"]
     return ids
-
-
-def check_template(template: str) -> str:
-    """Refuse a template that would ask every question alike, or that names fields it is not given."""
-    if not isinstance(template, str):
-        raise TypeError(f"template must be a string, got {type(template).__name__}")
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as err:
-        raise ValueError(f"template {template!r} is not a valid format string: {err}") from None
-    unknown = sorted(fields - set(TEMPLATE_FIELDS))
-    if unknown:
-        raise ValueError(f"template {template!r} names {unknown}; it may use only {{document}} and {{question}}")
-    if "question" not in fields:
-        raise ValueError(f"template {template!r} has no {{question}} field, so every question would get one prompt")
-    return template
 
 
 def generate_parallel(

@@ -31,7 +31,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from ..attention import resolve_backend
 from ..attention.reference import ReferenceBackend
 from ..decoding.inputs import check_tokens
-from ..decoding.options import parse_memory
+from ..decoding.sizes import parse_memory
 from .arguments import batch_size_notice, call_tokens, check_arguments
 from .generation import Stops, decoding_options, generate_group
 from .packing import Packing, dense_keys_per_token

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..decoding.options import parse_memory
+from ..decoding.sizes import parse_memory
 from .patching import ModelProfile
 
 FREE_FRACTION = 0.9  # of the device's free memory: the allocator's fragmentation and other users' share
