@@ -246,17 +246,31 @@ def test_a_finished_corpus_is_not_answered_again(monkeypatch, capsys, tmp_path):
     assert out.read_text() == done and "3 document(s) already answered" in capsys.readouterr().err
 
 
-def test_bad_lines_are_reported_and_skipped_and_the_others_answered(monkeypatch, capsys, tmp_path):
+def test_bad_lines_become_error_lines_and_the_others_are_answered(monkeypatch, capsys, tmp_path):
+    """As `hf-parallel batch` (and vLLM's run_batch): a bad line is reported and written as an error line, the run
+    exits 0; a rerun finds every line done, error lines included, and loads no model."""
     load_as_smollm2(monkeypatch, (tiny_model("llama"), char_tokenizer()))
     rows = [CORPUS[0], '{"id": "x", "document": ', {"document": "No questions.", "questions": []},
             {"id": "long", "document": "word " * 60, "questions": ["Why?"]}, CORPUS[2]]  # fmt: skip
     source, out = write_lines(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
-    err = usage_error(capsys, ["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "2"])
+    cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "2"])  # no SystemExit
+    err = capsys.readouterr().err
     assert f"{source} line 2: not JSON (Expecting value: line 1 column 25 (char 24)); skipped" in err
     assert f"{source} line 3: the document has no questions; skipped" in err
     assert f"{source} line 4: question 0's prompt has" in err and "256 positions" in err  # the tiny model's
-    assert f"hf-parallel answer: error: skipped 3 bad line(s) of {source} (line 2, 3, 4, reported above)" in err
-    assert [line["line"] for line in answer_lines(out)] == [1, 5]
+    assert "2 document(s), 3 question(s) answered in " in err
+    assert "; 3 bad line(s) written as error lines (reported above); answers in " in err
+    lines = answer_lines(out)
+    assert [line["line"] for line in lines] == [1, 2, 3, 4, 5]
+    errors = {line["line"]: line for line in lines if "error" in line}
+    assert sorted(errors) == [2, 3, 4] and not any("answers" in line for line in errors.values())
+    assert errors[3]["error"] == "the document has no questions" and errors[4]["id"] == "long"
+    assert all(line["model"] == "SmolLM2-135M-Instruct" and "options" in line for line in lines)
+    done = out.read_text()
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", None)  # not loaded again
+    cli.main(["answer", "--corpus", str(source), "--out", str(out), "--max-new-tokens", "2"])
+    assert out.read_text() == done
+    assert "2 document(s) already answered in " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("piped", ["document", "questions"])
@@ -331,7 +345,7 @@ def _files(tmp_path: Path) -> dict:
     ("--corpus missing.jsonl --out o.jsonl", "cannot read the corpus {missing.jsonl}: [Errno 2]"),
     ("--corpus empty.txt --out o.jsonl", "the corpus {empty.txt} is empty"),
     ("--corpus blank.jsonl --out o.jsonl", "the corpus {blank.jsonl} is empty"),
-    ("--corpus none.jsonl --out o.jsonl", "skipped 1 bad line(s) of {none.jsonl} (line 1, reported above)"),
+    ("--corpus none.jsonl --out o.jsonl", "no line of the corpus {none.jsonl} is a document with questions (line 1"),
     ("--corpus in.jsonl --out other.jsonl", "{other.jsonl} holds the answers of another corpus (its id 'cat' has"),
     ("--corpus in.jsonl --out broken.jsonl", "cannot resume from {broken.jsonl}: {broken.jsonl} line 2 is not an"),
 ])  # fmt: skip

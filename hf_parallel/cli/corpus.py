@@ -35,6 +35,7 @@ class CorpusRun:
     record: dict | None = None  # {"model", "options"}: what every line of this run records
     documents: int = 0  # written by this process
     questions: int = 0
+    failed: int = 0  # error lines written by this process
 
     def write(self, target: Path | None, record: dict, answers: list) -> None:
         """The document's line, on disk (or standard output) before returning."""
@@ -45,6 +46,16 @@ class CorpusRun:
         else:
             append_json_lines(target, [line])
         self.documents, self.questions = self.documents + 1, self.questions + len(record["questions"])
+
+    def write_error(self, target: Path | None, line: int, problem: str, id=None) -> None:
+        """A bad input line's error line, {"line", "id" (where the line has one), "error", "model", "options"}, as the
+        document's line is written (`write`): a rerun finds it done."""
+        error = {"line": line} | ({"id": id} if id is not None else {}) | {"error": problem} | self.record
+        if target is None:
+            print(json.dumps(error, ensure_ascii=False), flush=True)
+        else:
+            append_json_lines(target, [error])
+        self.failed += 1
 
     def note(self, message: str) -> None:
         """A note on stderr, from the main process only (every process of a launch finds the same), unless --quiet."""
@@ -63,7 +74,7 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
     start, run = time.perf_counter(), CorpusRun(parser, config)
     _check_readable(parser, config.corpus)  # before torch loads: a mistyped path is answered at once
     try:
-        problems = _answer_share(run)
+        _answer_share(run)
     except KeyboardInterrupt:
         if run.state is not None and not run.state.is_main_process:
             parser.exit(INTERRUPTED)
@@ -75,18 +86,12 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
         from ..frontends.corpus import answer_key  # start-up: as merge_parts
 
         merge_parts(config.out, answer_key, lambda line: line["line"])
-    if problems:
-        lines = ", ".join(str(line) for line, _ in sorted(problems))
-        where = config.out or "standard output"
-        parser.fail(
-            f"skipped {len(problems)} bad line(s) of {config.corpus} (line {lines}, reported above); the other "
-            f"documents' answers are in {where}"
-        )
     if run.state.num_processes == 1:  # under several, each process knows only its own share
         where = f"answers in {config.out}" if config.out else "answers written to standard output"
+        failed = f"; {run.failed} bad line(s) written as error lines (reported above)" if run.failed else ""
         run.note(
             f"{run.documents} document(s), {run.questions} question(s) answered in "
-            f"{time.perf_counter() - start:.1f} s; {where}"
+            f"{time.perf_counter() - start:.1f} s{failed}; {where}"
         )
 
 
@@ -98,8 +103,10 @@ def _check_readable(parser: UsageParser, path: str) -> None:
         parser.fail(f"cannot read the corpus {path}: {error}")
 
 
-def _answer_share(run: CorpusRun) -> list[tuple]:
-    """Answer this process's share of the documents --out does not hold; the corpus's bad lines."""
+def _answer_share(run: CorpusRun) -> None:
+    """Answer this process's share of the documents --out does not hold, and write the error lines of the bad lines
+    it does not hold (those of the corpus's reading from the main process, those of a prompt too long from the
+    process whose share it is)."""
     # start-up: torch and the engine load here, once the corpus is found
     from ..frontends.data_parallel import answer_share, part_files, part_path, process_state
 
@@ -115,13 +122,16 @@ def _answer_share(run: CorpusRun) -> list[tuple]:
     direct = state.num_processes == 1 and not (config.out and part_files(config.out))
     records, problems = _corpus_todo(run)
     state.wait_for_everyone()  # every rank reads --out and the parts (and so splits alike) before any appends
+    target = None if not config.out else Path(config.out) if direct else part_path(config.out, state.process_index)
+    if state.is_main_process:
+        for line, problem in problems:
+            run.write_error(target, line, problem)
     if not records:
-        return problems
+        return
     if state.num_processes > 1 and not config.quiet:  # one note per process: which one, where
         print(f"{parser.prog}: process {state.process_index} of {state.num_processes} on {device}", file=sys.stderr)
     model, tokenizer = load(parser, config)
-    records = _fitting(run, model, tokenizer, records, problems)
-    target = None if not config.out else Path(config.out) if direct else part_path(config.out, state.process_index)
+    records = _fitting(run, model, tokenizer, records, target)
     pairs = [(r["document"], r["questions"]) for r in records]
     render = {"template": config.template, "use_chat_template": None, "system_prompt": config.system_prompt}
     options = {"tokens_per_call": config.tokens_per_call, "progress": config.shows_progress()}
@@ -130,7 +140,6 @@ def _answer_share(run: CorpusRun) -> list[tuple]:
             run.write(target, records[result.index], result.answers)
     except (ValueError, NotImplementedError) as error:  # options the model or the device refuses
         parser.fail(str(error))
-    return problems
 
 
 def _recorded(config: AnswerConfig, dtype: str) -> dict:
@@ -152,7 +161,11 @@ def _saved(run: CorpusRun) -> str:
         return f"the answered documents are in {config.out} and its part files; {again}"
     parts = glob.glob(f"{glob.escape(config.out)}.part-*")  # an earlier launch's, which this run appends to
     try:  # without the engine's modules: Ctrl-C may have come while they were loading
-        held = sum(isinstance(line, dict) for path in [config.out, *parts] for line in read_json_lines(path))
+        held = sum(
+            isinstance(line, dict) and "answers" in line
+            for path in [config.out, *parts]
+            for line in read_json_lines(path)
+        )
     except (OSError, UnicodeDecodeError):
         return f"the answered documents are in {config.out}; {again}"
     if not held:
@@ -161,8 +174,9 @@ def _saved(run: CorpusRun) -> str:
 
 
 def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
-    """The corpus's good records that neither --out nor its part files hold yet, and its bad lines
-    (reported on stderr); a usage error where --out holds another corpus's answers, or another run's."""
+    """The corpus's good records that neither --out nor its part files hold yet, and its bad lines that they hold
+    no error line for (reported on stderr); a usage error where no line is good, or where --out holds another
+    corpus's answers, or another run's."""
     from ..frontends.corpus import answer_key, read_corpus  # start-up: as in _answer_share
 
     parser, config = run.parser, run.config
@@ -170,14 +184,22 @@ def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
         records, problems = read_corpus(config.corpus)
     except (OSError, UnicodeDecodeError) as error:
         parser.fail(f"cannot read the corpus {config.corpus}: {error}")
-    for line, problem in problems:
-        _skip(run, line, problem)
     if not records and not problems:
         parser.fail(f'the corpus {config.corpus} is empty (expected one {{"document", "questions"}} object a line)')
+    if not records:
+        for line, problem in problems:
+            _skip(run, line, problem)
+        lines = ", ".join(str(line) for line, _ in problems)
+        parser.fail(
+            f"no line of the corpus {config.corpus} is a document with questions (line {lines}, reported above)"
+        )
     finished = _finished(parser, config) if config.out else {}
+    problems = [(line, problem) for line, problem in problems if ("line", line) not in finished]
+    for line, problem in problems:
+        _skip(run, line, problem)
     questions = {answer_key(r): r["questions"] for r in records}
     for key, held in finished.items():
-        if questions.get(key) != held["questions"]:
+        if "error" not in held and questions.get(key) != held["questions"]:
             parser.fail(
                 f"{config.out} holds the answers of another corpus (its {key[0]} {key[1]!r} has other questions "
                 f"in {config.corpus}, or none); pass another --out or delete it"
@@ -187,8 +209,10 @@ def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
                 f"{config.out} holds answers of another run ({_difference(held, run.record)}); pass --force to add "
                 "this run's answers to it, or another --out"
             )
+    answered = sum("error" not in held for held in finished.values())
     if finished:
-        run.note(f"{len(finished)} document(s) already answered in {config.out}")
+        errors = f" (and {len(finished) - answered} error line(s))" if answered < len(finished) else ""
+        run.note(f"{answered} document(s) already answered in {config.out}{errors}")
     return [r for r in records if answer_key(r) not in finished], problems
 
 
@@ -221,8 +245,9 @@ def _held(config: AnswerConfig) -> dict:
     return finished
 
 
-def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], problems: list) -> list[dict]:
-    """The records whose prompts fit the model's positions; each other one becomes a reported bad line."""
+def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], target: Path | None) -> list[dict]:
+    """The records whose prompts fit the model's positions; each other one becomes a reported bad line and an error
+    line in `target`."""
     from ..decoding.inputs import check_tokens  # start-up: as in _answer_share
     from ..frontends.prompting import render_prompts  # start-up: as in _answer_share
 
@@ -238,12 +263,13 @@ def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], problems: li
                 check_tokens(model, f"question {j}'s prompt", prompt, config.max_new_tokens or 0)
             fitting.append(record)
         except ValueError as error:
-            problems.append((record["line"], str(error)))
-            _skip(run, *problems[-1])
+            _skip(run, record["line"], str(error), share=True)
+            run.write_error(target, record["line"], str(error), record.get("id"))
     return fitting
 
 
-def _skip(run: CorpusRun, line: int, problem: str) -> None:
-    """A bad line, reported from the main process (under --quiet too: it is part of the error the run ends with)."""
-    if run.state is None or run.state.is_main_process:
+def _skip(run: CorpusRun, line: int, problem: str, share: bool = False) -> None:
+    """A bad line, reported on stderr under --quiet too (an error in the input): from the main process, or from
+    the process whose `share` it is."""
+    if share or run.state is None or run.state.is_main_process:
         print(f"{run.parser.prog}: {run.config.corpus} line {line}: {problem}; skipped", file=sys.stderr)

@@ -222,14 +222,16 @@ def answer_key(record: dict) -> tuple:
 
 
 def finished_answers(path: str | Path) -> dict[tuple, dict]:
-    """The documents an earlier run wrote to an output file: `answer_key` -> its line.
+    """The input lines an earlier run wrote a line for to an output file, answered or an error line: `answer_key`
+    -> its line (an error line, {"line", "error"}, has no id: its key is its line number).
 
     A last line cut short by an interruption is removed from the file (its document runs again);
-    any other line that is not an answer line raises ValueError naming it.
+    any other line that is not an answer line or an error line raises ValueError naming it.
     """
     finished = {}
     for number, record in enumerate(read_json_lines(path), 1):
-        if not isinstance(record, dict) or not {"line", "questions", "answers"} <= record.keys():
+        answered = isinstance(record, dict) and {"line", "questions", "answers"} <= record.keys()
+        if not (answered or isinstance(record, dict) and {"line", "error"} <= record.keys()):
             raise ValueError(f"{path} line {number} is not an answer line of `hf-parallel answer --corpus`")
         finished[answer_key(record)] = record
     return finished
