@@ -6,9 +6,10 @@ its question were asked alone.
 
 `import hf_parallel` imports neither torch nor transformers: each public name is imported on
 first use (PEP 562), so that the command line starts at once.  Every name a user needs is here:
-generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`), scoring and judging,
-many documents (`answer_corpus`, `answer_dataset`), models (`load_smollm2`, `load_model`), the serving
-engine (`Engine`) and the lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
+generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`), scoring and
+judging, attention paths (`TritonBackend`, `ReferenceBackend`), many documents (`answer_corpus`,
+`answer_dataset`), models (`load_smollm2`, `load_model`), the serving engine (`Engine`) and the
+lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
 `model.generate_parallel(document, questions, tokenizer=...)` to every transformers model, as
 soon as transformers defines `PreTrainedModel` (at once where it already has).
 """
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from .attention import AttentionBackend  # noqa: F401
+    from .attention.reference import ReferenceBackend  # noqa: F401
+    from .attention.triton import TritonBackend  # noqa: F401
     from .decoding.options import GenerationOptions  # noqa: F401
     from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
     from .engine.serving import Engine  # noqa: F401
@@ -45,6 +48,8 @@ _SOURCES = {  # each public name and the module that defines it
     "render_prompts": ".frontends.prompting",
     "GenerationOptions": ".decoding.options",
     "AttentionBackend": ".attention",
+    "ReferenceBackend": ".attention.reference",
+    "TritonBackend": ".attention.triton",  # needs triton
     "score_continuations": ".frontends.scoring",
     "judge": ".frontends.judging",
     "ChoiceQuestion": ".frontends.judging",
