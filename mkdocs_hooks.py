@@ -11,6 +11,7 @@ import posixpath
 import re
 from pathlib import Path
 
+from griffe import Extension
 from mkdocs.structure.files import File, Files, InclusionLevel
 
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
@@ -47,3 +48,11 @@ def on_files(files: Files, config) -> Files:
             )
             files.append(file)
     return files
+
+
+class PlainBrackets(Extension):
+    """Griffe extension: a docstring's `[P][C]` (a shape, as in `[P][C_p]`) is text, not a Markdown reference link."""
+
+    def on_object(self, *, obj, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = obj.docstring.value.replace("][", r"]\[")
