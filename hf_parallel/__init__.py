@@ -5,7 +5,11 @@ independent streams of one packed row; each answer is what the model would write
 its question were asked alone.
 
 `import hf_parallel` imports neither torch nor transformers: each public name is imported on
-first use (PEP 562), so that the command line starts at once.  It also adds
+first use (PEP 562), so that the command line starts at once.  Every name a user needs is here:
+generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`), scoring and
+judging, attention paths (`TritonBackend`, `ReferenceBackend`), many documents (`answer_corpus`,
+`answer_dataset`), models (`load_smollm2`, `load_model`), the serving engine (`Engine`) and the
+lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
 `model.generate_parallel(document, questions, tokenizer=...)` to every transformers model, as
 soon as transformers defines `PreTrainedModel` (at once where it already has).
 """
@@ -19,12 +23,21 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from .attention import AttentionBackend  # noqa: F401
+    from .attention.reference import ReferenceBackend  # noqa: F401
+    from .attention.triton import TritonBackend  # noqa: F401
     from .decoding.options import GenerationOptions  # noqa: F401
     from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
+    from .engine.serving import Engine  # noqa: F401
+    from .frontends.corpus import CorpusAnswer, answer_corpus  # noqa: F401
+    from .frontends.datasets import answer_dataset  # noqa: F401
+    from .frontends.default_model import load_smollm2  # noqa: F401
+    from .frontends.jsonlines import CheckpointError  # noqa: F401
     from .frontends.judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge  # noqa: F401
+    from .frontends.model_loading import load_model  # noqa: F401
     from .frontends.prompting import generate_parallel, render_prompt, render_prompts  # noqa: F401
     from .frontends.scoring import score_continuations  # noqa: F401
     from .frontends.session import Session  # noqa: F401
+    from .harness.model import HFParallelLM  # noqa: F401
 
 _SOURCES = {  # each public name and the module that defines it
     "generate_parallel": ".frontends.prompting",
@@ -35,12 +48,22 @@ _SOURCES = {  # each public name and the module that defines it
     "render_prompts": ".frontends.prompting",
     "GenerationOptions": ".decoding.options",
     "AttentionBackend": ".attention",
+    "ReferenceBackend": ".attention.reference",
+    "TritonBackend": ".attention.triton",  # needs triton
     "score_continuations": ".frontends.scoring",
     "judge": ".frontends.judging",
     "ChoiceQuestion": ".frontends.judging",
     "ScoreQuestion": ".frontends.judging",
     "YesNoQuestion": ".frontends.judging",
     "JudgeResult": ".frontends.judging",
+    "answer_corpus": ".frontends.corpus",
+    "CorpusAnswer": ".frontends.corpus",
+    "answer_dataset": ".frontends.datasets",
+    "CheckpointError": ".frontends.jsonlines",
+    "load_smollm2": ".frontends.default_model",
+    "load_model": ".frontends.model_loading",
+    "Engine": ".engine.serving",
+    "HFParallelLM": ".harness.model",  # needs lm-eval; importing it registers the harness's model `hf-parallel`
 }
 __all__ = list(_SOURCES)
 

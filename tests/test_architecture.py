@@ -193,7 +193,7 @@ def test_no_private_name_is_used_across_modules(folder):
 
 
 def test_the_package_keeps_its_history_out_of_its_code():
-    """Docstrings and comments state contracts; measurements and the runs behind them live in docs/benchmarks.md."""
+    """Docstrings and comments state contracts; measurements and the runs behind them live in docs/benchmarks/."""
     history = re.compile(r"H200|H100| us |measured|ran .* slower")
     found = [f"{path.relative_to(ROOT)}:{i}" for path in sorted(PACKAGE.rglob("*.py"))
              for i, line in enumerate(path.read_text().splitlines(), 1) if history.search(line)]  # fmt: skip

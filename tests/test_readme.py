@@ -46,7 +46,7 @@ def test_the_cpu_only_torch_command_is_given_beside_the_default():
 
 @pytest.mark.slow
 def test_every_python_block_runs_and_prints_what_it_says(smollm2, monkeypatch):
-    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", lambda *a, **k: smollm2)
+    monkeypatch.setattr("hf_parallel.load_smollm2", lambda *a, **k: smollm2)
     namespace: dict = {}
     ran = 0
     for i, block in enumerate(blocks("python")):
@@ -57,10 +57,10 @@ def test_every_python_block_runs_and_prints_what_it_says(smollm2, monkeypatch):
             exec(compile(block, f"README.md python block {i}", "exec"), namespace)
         assert printed.getvalue().splitlines() == expected_output(block), f"block {i}:\n{block}"
         ran += 1
-    assert ran >= 4
+    assert ran >= 2
 
 
 def test_the_blocks_skipped_need_the_hub_or_a_gpu():
     skipped = [block for block in blocks("python") if any(marker in block for marker in NEEDS)]
     reasons = sorted({reason for block in skipped for marker, reason in NEEDS.items() if marker in block})
-    assert reasons == ["needs a GPU and the hub", "needs the hub (datasets)"] and len(skipped) == 2
+    assert reasons == ["needs a GPU and the hub"] and len(skipped) == 1

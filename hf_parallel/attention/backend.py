@@ -82,7 +82,7 @@ class AttentionBackend:
     def prebuild(self, plan: AttentionPlan, calls: list[AttentionCall]) -> list[Future]:
         """Start building, on threads beside the caller, the kernels that a forward over `plan` launches for each
         of `calls`; the caller waits on the futures before that forward.  A kernel's first build is slow (compiling
-        and assembling), so the first call builds the decode step's while its prefill runs (docs/benchmarks.md,
+        and assembling), so the first call builds the decode step's while its prefill runs (docs/benchmarks/gpu.md,
         "The first call").  This one builds nothing (no kernel of its own)."""
         return []
 

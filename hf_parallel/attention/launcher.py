@@ -119,7 +119,7 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
     """The launch of `tiles` over `key` [1, H_kv, S, D]: 64-key tiles 3 stages deep for 16-bit inputs of head dim
     <= 128 (32-key tiles, 2 stages, for fp32 or wider heads), and on CUDA KV splits until the grid holds twice as
     many programs as the GPU has SMs (at most `MAX_SPLITS`, each split at least 4 KV tiles): one wave where an SM
-    holds two programs (docs/benchmarks.md, "The kernel alone")."""
+    holds two programs (docs/benchmarks/kernel.md, "The kernel alone")."""
     wide = query.dtype == torch.float32 or triton.next_power_of_2(query.shape[-1]) > 128
     block_n, stages = (32, 2) if wide else (64, 3)  # fp32 or head dim 256: registers and shared memory
     splits = 1
@@ -132,7 +132,7 @@ def default_config(query: torch.Tensor, key: torch.Tensor, tiles: TilePlan) -> K
 
 def own_launch_config(query: torch.Tensor, key: torch.Tensor, own: TilePlan) -> KernelConfig:
     """The own plan's launch (`TritonBackend(own_tiles=...)`): `default_config`'s, since a wider one is slower end
-    to end (docs/benchmarks.md, "Own keys in tiles of their own")."""
+    to end (docs/benchmarks/kernel.md, "Own keys in tiles of their own")."""
     return default_config(query, key, own)
 
 

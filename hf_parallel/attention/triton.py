@@ -90,7 +90,7 @@ class TritonBackend(AttentionBackend):
         second launch on a second CUDA stream beside the first, "serial" after it.  "auto" (the default):
         "overlap" where own keys are many and packed tiles wide, that is answers of at least
         `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head, else None (one plan: with short
-        answers or many query heads per KV head the second launch costs more than it saves; docs/benchmarks.md,
+        answers or many query heads per KV head the second launch costs more than it saves; docs/benchmarks/kernel.md,
         "Own keys in tiles of their own").
     Raises ValueError for a `streams_per_tile` or `min_causal_run` below 1, or an unknown `own_tiles`.
     """

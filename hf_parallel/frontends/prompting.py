@@ -5,7 +5,7 @@ prompts, dialogue turns) is written by `prompt_text`, so a prompt is tokenized t
 same way wherever it is made: with the tokenizer's chat template when it has one,
 else as plain text that ends by asking for the answer.  Many prompts are tokenized together,
 `TOKENIZE_BATCH` to a call of the tokenizer (`render_all`), which a fast tokenizer encodes on several threads,
-since each of a document's prompts repeats the whole document (docs/benchmarks.md, "The prompts'
+since each of a document's prompts repeats the whole document (docs/benchmarks/kernel.md, "The prompts'
 tokenization").
 """
 

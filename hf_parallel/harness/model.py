@@ -38,7 +38,7 @@ from .packing import Packing, dense_keys_per_token
 from .requests import ModelArgumentError, RequestError, describe, shorten
 from .scoring import score_pairs
 
-DENSE_CALL_TOKENS = 4096  # default tokens per call on the reference path (docs/benchmarks.md, the harness section)
+DENSE_CALL_TOKENS = 4096  # default tokens per call on the reference path (docs/benchmarks/harness.md)
 logger = logging.getLogger(__name__)
 
 

@@ -1,8 +1,7 @@
 """A forward's new keys and values written at their slots of the packed cache, both in one launch.
 
 `index_copy_` moves one 2-byte element per thread, in two launches a layer; here a program copies a block of
-heads of one token's key and value rows, 16 bytes per thread (docs/benchmarks.md, "The K/V writes and the host's
-step").
+heads of one token's key and value rows, 16 bytes per thread (docs/benchmarks/kernel.md, "The K/V writes").
 """
 
 import triton

@@ -2,7 +2,7 @@
 
 A kernel's first build in a process is slow (Triton's compiler passes and ptxas, which run without Python's
 lock), and a first call on a new model would otherwise build its kernels one after another on the calling
-thread, at their first launches (docs/benchmarks.md, "The first call").  Instead the call collects the launches
+thread, at their first launches (docs/benchmarks/gpu.md, "The first call").  Instead the call collects the launches
 its forwards will make (`collecting`: each `run_kernel` inside is recorded, not made), starts a build of each one
 this process has not built (`start`), and runs its forwards under `awaiting`: their first launch waits for the
 builds, so what the thread does before it (torch.compile's compilation of the layers' parts, the first layer's

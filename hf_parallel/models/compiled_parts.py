@@ -6,7 +6,7 @@ cast and scale; the rotary embedding ten).  Compiling the whole model fuses them
 attention and no cache, and they are the same code in every layer, so Dynamo compiles one graph per norm class
 and one for the function, and every layer reuses it.  Only the token count is a dynamic dimension: each call
 marks it (`token_dims`), and the model's widths (hidden size, heads, head size) stay static, so Inductor's
-kernels index with constants rather than divide by runtime sizes (docs/benchmarks.md, "Ablations on the grid").
+kernels index with constants rather than divide by runtime sizes (docs/benchmarks/gpu.md, "Ablations on the grid").
 A graph compiles again where a call's strides differ from those it was compiled for: a prefill chunk's q and k
 are given a decode step's strides (`hf_parallel.models.projections`), so the rotary function compiles once.
 
@@ -16,7 +16,7 @@ swapped in its module for the block, so every layer's call goes through one comp
 `fn:module.function`).  Where the `kernels` package is installed, transformers makes the function a module whose
 forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention module's
 copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs stay eager: compiled, they made no
-step faster and the first call slower (docs/benchmarks.md, "Ablations on the grid").  Inductor emulates eager's
+step faster and the first call slower (docs/benchmarks/gpu.md, "Ablations on the grid").  Inductor emulates eager's
 rounding after each 16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused
 reductions' order.
 """
@@ -63,7 +63,7 @@ def import_compiler() -> None:
 
     A call that will compile starts it before its support probe, whose first forward on a GPU spends much of its
     time in CUDA calls that release Python's lock; `compiler_imported` waits for it before the first
-    `torch.compile` (docs/benchmarks.md, "The first call")."""
+    `torch.compile` (docs/benchmarks/gpu.md, "The first call")."""
     if compiler_unimported():
         importing.append(threading.Thread(target=_import, args=(COMPILER,), name="hf_parallel-import", daemon=True))
         importing[0].start()
@@ -216,7 +216,7 @@ def fused(model: nn.Module, parts: list[str]):
 @contextlib.contextmanager
 def _compiling():
     """Dynamo's recompile limit raised, and Inductor's builds of the parts' few kernels made in this process: a pool
-    of compile workers takes longer to start than the builds it would share (docs/benchmarks.md, "The first
+    of compile workers takes longer to start than the builds it would share (docs/benchmarks/gpu.md, "The first
     call")."""
     with recompile_limit(RECOMPILE_LIMIT), inductor_config.patch(compile_threads=1):
         yield

@@ -1,7 +1,7 @@
 """Sibling linear layers that read the same input, run as one GEMM.
 
 A decode step's GEMMs have a few rows each, so each is bound by reading its weight, and cuBLAS reads a small
-weight further below the copy bandwidth than one the size of q|k|v together (docs/benchmarks.md, "Where a decode
+weight further below the copy bandwidth than one the size of q|k|v together (docs/benchmarks/kernel.md, "Where a decode
 step's time goes").  An attention module calls `q_proj`, `k_proj` and `v_proj` on one hidden state: such a group
 of plain `nn.Linear` children gets one weight [sum of out_features, in_features], and its members' parameters
 become row slices of it (the same objects, names and values; `save_pretrained` saves disjoint slices as tensors
@@ -11,7 +11,7 @@ input, or a second time, runs the group's GEMM again, so every call returns exac
 more than `MOST_ROWS` rows (a prefill chunk) runs each member's own GEMM, whose output fills its columns of one
 tensor, so that its outputs are strided as a narrow input's: a function compiled downstream (the rotary
 embedding, `hf_parallel.models.compiled_parts`) then compiles one graph for both, not a second one for other
-strides (docs/benchmarks.md, "The first call").  Compiled code runs each member's `F.linear`.
+strides (docs/benchmarks/gpu.md, "The first call").  Compiled code runs each member's `F.linear`.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ from torch import nn
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"),)  # children called in turn on one input.  Not a gated MLP's gate_proj
 # and up_proj: their GEMM gains little, and the activation and product on the two strided halves run PyTorch's
-# unvectorized elementwise kernels, which cost more than the GEMM saves (docs/benchmarks.md, "q, k and v as one GEMM")
+# unvectorized elementwise kernels, which cost more than the GEMM saves (docs/benchmarks/kernel.md, "q, k and v as
+# one GEMM")
 MOST_ROWS = 256  # inputs of more rows run each member's own GEMM: a wide prefill chunk's GEMMs are bound by their
-# arithmetic, not their reads, and grouped they prefill slower (docs/benchmarks.md, "q, k and v as one GEMM")
+# arithmetic, not their reads, and grouped they prefill slower (docs/benchmarks/kernel.md, "q, k and v as one
+# GEMM")
 
 
 class ProjectionGroup:
@@ -64,7 +66,7 @@ class ProjectionGroup:
             return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
         if self.bias is not None or x.dtype != self.weight.dtype or torch.is_autocast_enabled(x.device.type):
             # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and slower than
-            # `F.linear` and a copy (docs/benchmarks.md, "The first call").  (`out=` takes no casts either.)
+            # `F.linear` and a copy (docs/benchmarks/gpu.md, "The first call").  (`out=` takes no casts either.)
             return list(torch.cat([F.linear(x, m.weight, m.bias) for m in self.members], dim=-1).split(self.sizes, -1))
         out = x.new_empty(*x.shape[:-1], sum(self.sizes))
         rows, columns = x.reshape(-1, x.shape[-1]), out.view(-1, out.shape[-1]).split(self.sizes, dim=-1)
