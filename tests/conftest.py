@@ -45,6 +45,16 @@ def smollm2():
 
 
 @pytest.fixture
+def no_tf32():
+    """CUDA matmuls in full fp32 (no TF32) while the test runs, as fp32 comparisons with `model.generate` need;
+    the setting the test found is restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
 def no_model(monkeypatch):
     """A usage error must come before SmolLM2 is loaded (and a test must not load it)."""
 

@@ -19,20 +19,13 @@ from hf_parallel.decoding.drafting import PromptLookup, Speculation
 from hf_parallel.engine import groups
 from tests.helpers.char_tokenizers import ascii_tokenizer as char_tokenizer
 from tests.helpers.generation import EOS, BanRecent, StopAfterRepeat, alone, generate_processors, model_with
-from tests.helpers.models import ARCHITECTURES, VOCAB, generate_alone, random_tokens, tiny_model
+from tests.helpers.models import ARCHITECTURES, VOCAB, generate_alone, tiny_model
+from tests.helpers.prompts import prompts_with_repeats
 from tests.helpers.sizing import max_memory_for
 from tests.helpers.speculation import Oracle
 
 NEW = 16
 ATTENTION = sorted(a for a in ARCHITECTURES if a != "qwen3_5_text")  # the hybrid is refused (its own test)
-
-
-def prompts_with_repeats(seed: int = 0, questions: int = 5) -> list[list[int]]:
-    """A document that repeats a span, and questions of different lengths, some quoting the document."""
-    gen = torch.Generator().manual_seed(seed)
-    doc = random_tokens(24, gen)
-    doc = doc + random_tokens(4, gen) + doc[3:15]
-    return [doc + random_tokens(2 + i, gen) + (doc[5:8] if i % 2 else []) for i in range(questions)]
 
 
 def counted(model, prompts, **options) -> tuple[list[list[int]], int, int]:

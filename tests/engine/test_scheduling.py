@@ -16,15 +16,10 @@ from hf_parallel.engine.policies import Refill
 from hf_parallel.row.layout import build_layout
 from hf_parallel.runner.patching import ModelProfile
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
+from tests.helpers.prompts import corpus
 from tests.helpers.sizing import max_memory_for
 
 NEW, CHUNK = 10, 16
-
-
-def corpus(seed: int, docs: int = 5, questions: int = 6):
-    gen = torch.Generator().manual_seed(seed)
-    documents = [random_tokens(20, gen) for _ in range(docs)]
-    return [d + random_tokens(1 + (i * 3) % 5, gen) for d in documents for i in range(questions)]
 
 
 def expected(model, prompts, eos):

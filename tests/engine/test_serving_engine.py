@@ -8,7 +8,6 @@ and failures are checked through the engine's counters and events.
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 import pytest
@@ -19,8 +18,10 @@ from hf_parallel.engine.serving import Engine, QueueFull
 from hf_parallel.runner.probe import check_support
 from hf_parallel.runner.sizing import size_row
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
+from tests.helpers.prompts import prompts_with_repeats
+from tests.helpers.serving import TIMEOUT, Collector
+from tests.helpers.speculation import Oracle
 
-TIMEOUT = 120
 CHUNK = 16
 
 
@@ -37,31 +38,6 @@ def engine_for(model, capacity: int, max_streams: int = 256, **options) -> Engin
         lo, hi = (lo, mid) if fits else (mid + 1, hi)
     options.setdefault("prefill_chunk", CHUNK)
     return Engine(model, max_memory=lo, max_streams=max_streams, **options)
-
-
-class Collector:
-    """A request's events, gathered as the engine hands them out."""
-
-    def __init__(self):
-        self.events, self.tokens, self.done = [], {}, threading.Event()
-        self.error = None
-
-    def __call__(self, kind, value):
-        self.events.append(kind)
-        if kind == "tokens":
-            for j, t in value:
-                self.tokens.setdefault(j, []).append(t)
-        elif kind == "start":
-            self.cached = value
-        elif kind == "error":
-            self.error = value
-            self.done.set()
-        elif kind == "done":
-            self.done.set()
-
-    def wait(self) -> Collector:
-        assert self.done.wait(TIMEOUT), "the request never finished"
-        return self
 
 
 def questions_about_one_document(seed: int, n: int, doc_len: int, question_len: int) -> list[list[int]]:
@@ -384,8 +360,6 @@ def test_rounds_record_no_autograd_graph(model):
 def test_prompt_lookup_in_a_live_row_matches_generate(monkeypatch):
     """The engine's default drafts (`prompt_lookup_num_tokens`), a request's own (another k, or none), streams of
     requests arriving while others draft: each answer is model.generate's alone, in fewer forwards than tokens."""
-    from .test_speculation import Oracle, prompts_with_repeats
-
     model = tiny_model("qwen2")
     prompts = prompts_with_repeats(3, questions=6)
     limits = [10 + i % 5 for i in range(len(prompts))]

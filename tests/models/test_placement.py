@@ -171,20 +171,20 @@ def test_attention_split_over_devices_is_refused(no_probe, split):
 # -- on a GPU --
 
 
+@pytest.mark.usefixtures("no_tf32")
 @CUDA
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_explicit_map_over_gpu_and_cpu(cuda_graphs):
     """Layer 0 computes on the GPU, layer 1 on the CPU (the main device): the reference path runs on both."""
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = accelerate.dispatch_model(tiny_model("llama"), _blocks([0, "cpu"]), main_device="cpu")
     assert execution_devices(model) == {torch.device("cuda", 0), torch.device("cpu")}
     _check(model, cuda_graphs=cuda_graphs)
 
 
+@pytest.mark.usefixtures("no_tf32")
 @CUDA
 @pytest.mark.parametrize("attn", BACKENDS)
 def test_auto_map_with_cpu_offload(tmp_path, attn):
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = transformers.AutoModelForCausalLM.from_pretrained(
         _saved(tmp_path), device_map="auto", max_memory={0: "250KB", "cpu": "1GiB"}, dtype=torch.float32
     ).eval()
@@ -192,10 +192,10 @@ def test_auto_map_with_cpu_offload(tmp_path, attn):
     _check(model, attn)
 
 
+@pytest.mark.usefixtures("no_tf32")
 @CUDA
 @pytest.mark.parametrize("attn", BACKENDS)
 def test_offloaded_buffers(attn):
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = accelerate.dispatch_model(tiny_model("llama"), _blocks([0, "cpu"]), offload_buffers=True)
     assert model.model.layers[1].self_attn.q_proj.weight.is_meta
     _check(model, attn)
@@ -209,19 +209,19 @@ def test_attention_split_over_gpu_and_cpu_is_refused():
         generate_tokens(model, _prompts(), max_new_tokens=NEW)
 
 
+@pytest.mark.usefixtures("no_tf32")
 @TWO_GPUS
 @pytest.mark.parametrize("attn", ["reference", "triton"])
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_two_gpus(attn, cuda_graphs):
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = accelerate.dispatch_model(tiny_model("llama"), _blocks([0, 1]))
     assert eager_only(model)  # graphs asked for: eager steps, no crash
     _check(model, attn, cuda_graphs=cuda_graphs)
 
 
+@pytest.mark.usefixtures("no_tf32")
 @TWO_GPUS
 def test_two_gpus_auto_map(tmp_path):
-    torch.backends.cuda.matmul.allow_tf32 = False
     model = transformers.AutoModelForCausalLM.from_pretrained(
         _saved(tmp_path), device_map="auto", max_memory={0: "250KB", 1: "1GiB"}, dtype=torch.float32
     ).eval()

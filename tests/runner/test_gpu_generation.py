@@ -11,6 +11,9 @@ import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
+from tests.helpers.prompts import corpus
+from tests.helpers.serving import Collector
+from tests.helpers.sizing import CHUNK, max_memory_for
 from tests.helpers.speculation import Oracle
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -28,9 +31,9 @@ def _prompts(seed: int, n: int, doc_len: int = 40):
     return [doc + random_tokens(1 + (i * 3) % 7, gen) for i in range(n)]
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("attn", ATTNS)
 def test_graphs_match_generate_across_calls_and_buckets(cuda_model, attn):
-    torch.backends.cuda.matmul.allow_tf32 = False
     with Session(cuda_model) as session:
         for seed, n in [(0, 5), (1, 17), (2, 3)]:  # different layouts reuse the session's static row
             prompts = _prompts(seed, n, doc_len=30 + 10 * seed)
@@ -80,18 +83,16 @@ def test_memory_comes_back_after_a_call_and_after_release(cuda_model):
         gc.enable()
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("refill", [True, False])
 def test_refill_and_waves_with_captured_steps(cuda_model, refill):
     """A budget that holds a fraction of the work: refill (or static waves) with CUDA graphs, same tokens."""
-    torch.backends.cuda.matmul.allow_tf32 = False
     _check_under_a_quarter_budget(cuda_model, refill=refill)
 
 
 def _check_under_a_quarter_budget(model, **options):
     """4 documents x 8 questions under a budget of 120 slots, streams stopping at different steps: the tokens of
     `model.generate` on each prompt alone."""
-    from .test_scheduling import CHUNK, corpus, max_memory_for
-
     prompts = corpus(7, docs=4, questions=8)
     free = [generate_alone(model, p, 10) for p in prompts]
     eos = sorted({free[0][2], free[9][6], free[17][4], free[30][1]})
@@ -100,10 +101,10 @@ def _check_under_a_quarter_budget(model, **options):
     assert got == [generate_alone(model, p, 10, eos) for p in prompts]
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("attn", ATTNS)
 def test_compiled_graphs_match_generate(cuda_model, attn):
     """compile=True: captured steps replay a compiled forward (the kernel an opaque op); same tokens."""
-    torch.backends.cuda.matmul.allow_tf32 = False
     prompts = _prompts(7, 6)
     free = [generate_alone(cuda_model, p, 8, None) for p in prompts]
     eos = sorted({free[1][3]})
@@ -126,12 +127,12 @@ def test_the_budget_counts_the_allocators_cached_blocks_as_free():
     torch.cuda.empty_cache()
 
 
+@pytest.mark.usefixtures("no_tf32")
 def test_own_tiles_on_a_second_stream_match_generate(cuda_model):
     """`TritonBackend(own_tiles="overlap")`: the own plan's launch beside the shared plan's on a second CUDA stream,
     captured in the steps' graphs, across calls and shrinking buckets of a Session, and under refill."""
     from hf_parallel.attention.triton import TritonBackend
 
-    torch.backends.cuda.matmul.allow_tf32 = False
     attn = TritonBackend(own_tiles="overlap")
     with Session(cuda_model) as session:
         for seed, n in [(0, 5), (1, 17)]:
@@ -186,6 +187,7 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
     assert [b for b in built if b[2] or b[1] == threading.current_thread().name] == []  # none at a launch
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("case", ["one row", "prefill chunks", "refill"])
 def test_a_calls_rounds_wait_for_the_gpu_only_to_read_the_round_before(case):
     """A second call in a Session (its rounds captured by the first) runs its rounds with no call that waits for
@@ -193,7 +195,6 @@ def test_a_calls_rounds_wait_for_the_gpu_only_to_read_the_round_before(case):
     are made from host slots, and each round's tokens are read through an event a round late.  Its answers are
     model.generate's, and it captures no graph the first did not."""
     model = tiny_model("llama").cuda()
-    torch.backends.cuda.matmul.allow_tf32 = False
     prompts = _prompts(4, 12, doc_len=60) + _prompts(5, 6, doc_len=50)
     free = [generate_alone(model, p, 12, None) for p in prompts]
     eos = sorted({free[0][3], free[7][6], free[13][2]})
@@ -213,15 +214,13 @@ def test_a_calls_rounds_wait_for_the_gpu_only_to_read_the_round_before(case):
     assert first.stats.captures > 0 and streamed.stats.captures == 0
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("attn", ATTNS)
 def test_the_serving_engine_matches_generate(cuda_model, attn):
     """Requests joining a live row over time (captured decode rounds between arrivals, greedy rows chosen in one
     pass) each equal model.generate alone, on both attention paths."""
     from hf_parallel.engine.serving import Engine
 
-    from .test_serving_engine import Collector
-
-    torch.backends.cuda.matmul.allow_tf32 = False
     prompts = _prompts(9, 12) + _prompts(10, 6, doc_len=70)
     limits = [6 + i % 9 for i in range(len(prompts))]
     free = [generate_alone(cuda_model, p, n, []) for p, n in zip(prompts, limits)]
@@ -243,13 +242,13 @@ def test_the_serving_engine_matches_generate(cuda_model, attn):
     assert got[5] == penalized
 
 
+@pytest.mark.usefixtures("no_tf32")
 @pytest.mark.parametrize("attn", ATTNS)
 @pytest.mark.parametrize("graphs", [True, False])
 def test_prompt_lookup_matches_generate(cuda_model, attn, graphs, monkeypatch):
     """Verify forwards of many tokens per stream, replayed per bucket of fed tokens or eager, on both paths."""
     if cuda_model.config.model_type == "qwen3_5_text":
         pytest.skip("recurrent layers are refused with prompt lookup (tests/decoding/test_speculation.py)")
-    torch.backends.cuda.matmul.allow_tf32 = False
     prompts = _prompts(7, 12)
     free = [generate_alone(cuda_model, p, 16, None) for p in prompts]
     eos = sorted({free[0][4], free[-1][9]})
