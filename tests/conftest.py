@@ -1,11 +1,10 @@
-"""Shared fixtures: tiny random-weight models of several architectures (no downloads) and SmolLM2."""
+"""Shared fixtures (tiny random-weight models of several architectures, no downloads; SmolLM2) and the process-wide
+settings every test runs under: one thread a pytest-xdist worker, Triton's interpreter on the CPU, the hub offline.
+Helpers that tests import live in tests/helpers/."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 # pytest-xdist runs a worker per core: each computes on one thread (its own processes' too), since two threads a
 # worker would contend for the cores, and a tiny model's small operations run slower on two threads than on one
@@ -20,84 +19,8 @@ if not torch.cuda.is_available():  # Triton kernels run under its interpreter on
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import transformers  # noqa: E402
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-VOCAB = 96
-
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               max_position_embeddings=256, initializer_range=0.2)  # fmt: skip
-# One tiny config per architecture family; several use GQA, Mistral and Gemma 2 a
-# sliding window shorter than the prompts (so the window is exercised), Gemma 2 softcapping.
-ARCHITECTURES = {
-    "llama": lambda: transformers.LlamaConfig(**COMMON, intermediate_size=128, num_key_value_heads=2),
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, intermediate_size=128, num_key_value_heads=2),
-    "mistral": lambda: transformers.MistralConfig(**COMMON, intermediate_size=128, num_key_value_heads=1,
-                                                  sliding_window=12),
-    "gemma": lambda: transformers.GemmaConfig(**COMMON, intermediate_size=128, num_key_value_heads=1, head_dim=16),
-    "gemma2": lambda: transformers.Gemma2Config(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                                head_dim=16, sliding_window=12, attn_logit_softcapping=20.0,
-                                                final_logit_softcapping=15.0),
-    "phi3": lambda: transformers.Phi3Config(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                            pad_token_id=0, bos_token_id=1, eos_token_id=2),
-    "gpt2": lambda: transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                            initializer_range=0.2, bos_token_id=1, eos_token_id=2),
-    # attention sinks, on a sliding-window layer and a full one; MoE
-    "gpt_oss": lambda: transformers.GptOssConfig(**COMMON, intermediate_size=64, num_key_value_heads=2, head_dim=16,
-                                                 layer_types=["sliding_attention", "full_attention"], sliding_window=12,
-                                                 num_local_experts=4, num_experts_per_tok=2,
-                                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
-    # a hybrid: a gated delta net layer (recurrent state) and an attention layer
-    "qwen3_5_text": lambda: transformers.Qwen3_5TextConfig(
-        **COMMON, intermediate_size=128, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=["linear_attention", "full_attention"]),
-}  # fmt: skip
-# More families, tested on fewer workloads (tests/test_families.py): attention modules whose decoder layer drops the
-# attention kwargs, and hybrids of attention with gated delta nets, Mamba, short convolutions or lightning attention.
-_MAMBA = dict(mamba_d_state=16, mamba_d_conv=4)
-FAMILIES = {
-    "stablelm": lambda: transformers.StableLmConfig(**COMMON, intermediate_size=128, num_key_value_heads=2),
-    "nemotron": lambda: transformers.NemotronConfig(**COMMON, intermediate_size=128, num_key_value_heads=2),
-    "qwen3_next": lambda: transformers.Qwen3NextConfig(
-        **COMMON, intermediate_size=128, num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4,
-        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=["linear_attention", "full_attention"], num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32),
-    "falcon_h1": lambda: transformers.FalconH1Config(  # every layer attention and Mamba2 side by side
-        **COMMON, intermediate_size=128, num_key_value_heads=2, mamba_d_ssm=128, mamba_n_heads=4, mamba_d_state=16,
-        mamba_d_conv=4, mamba_chunk_size=16),
-    "bamba": lambda: transformers.BambaConfig(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                              attn_layer_indices=[1], mamba_n_heads=4, mamba_expand=2,
-                                              mamba_chunk_size=16, **_MAMBA),
-    "jamba": lambda: transformers.JambaConfig(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                              attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                                              expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
-                                              use_mamba_kernels=False, mamba_expand=2, mamba_dt_rank=8, **_MAMBA),
-    "zamba2": lambda: transformers.Zamba2Config(**COMMON, layers_block_type=["linear_attention", "hybrid"],
-                                                mamba_d_state=16, n_mamba_heads=4, mamba_ngroups=1, chunk_size=16,
-                                                use_mamba_kernels=False, num_mem_blocks=1, use_mem_rope=True),
-    "lfm2": lambda: transformers.Lfm2Config(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                            full_attn_idxs=[1], conv_L_cache=3,  # layer 0 a short convolution
-                                            block_auto_adjust_ff_dim=False),
-    "nemotron_h": lambda: transformers.NemotronHConfig(
-        **{**COMMON, "num_hidden_layers": 3}, intermediate_size=128,
-        layers_block_type=["linear_attention", "full_attention", "mlp"], num_key_value_heads=2, head_dim=16,
-        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2, chunk_size=16,
-        use_mamba_kernels=False, n_routed_experts=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=32),
-    "minimax": lambda: transformers.MiniMaxConfig(**COMMON, intermediate_size=128, num_key_value_heads=2,
-                                                  head_dim=16, num_local_experts=2, num_experts_per_tok=1,
-                                                  block_size=16, layer_types=["linear_attention", "full_attention"]),
-}  # fmt: skip
-
-
-def tiny_model(arch: str, dtype=torch.float32):
-    torch.manual_seed(0)
-    config = {**ARCHITECTURES, **FAMILIES}[arch]()
-    # Attention logit soft-capping (Gemma 2): the plain forward we compare against must apply it; transformers
-    # 5.17's SDPA path silently drops it (5.24 refuses), so such models run eager attention there.
-    eager = {"attn_implementation": "eager"} if getattr(config, "attn_logit_softcapping", None) else {}
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **eager).eval()
+from .helpers.models import ARCHITECTURES, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=sorted(ARCHITECTURES))
@@ -122,6 +45,16 @@ def smollm2():
 
 
 @pytest.fixture
+def no_tf32():
+    """CUDA matmuls in full fp32 (no TF32) while the test runs, as fp32 comparisons with `model.generate` need;
+    the setting the test found is restored after it."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.fixture
 def no_model(monkeypatch):
     """A usage error must come before SmolLM2 is loaded (and a test must not load it)."""
 
@@ -131,40 +64,10 @@ def no_model(monkeypatch):
     monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", refuse)
 
 
-def random_tokens(n: int, generator: torch.Generator, low: int = 3) -> list[int]:
-    return torch.randint(low, VOCAB, (n,), generator=generator).tolist()
-
-
-def generate_alone(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
-    """What plain `model.generate` answers for `prompt` asked alone (greedy)."""
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=False, eos_token_id=eos, pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt) :].tolist()
-
-
 if os.environ.get("HF_HUB_OFFLINE") is None:
     os.environ["HF_HUB_OFFLINE"] = "1"  # tests never reach the hub
 
 
 def pytest_addoption(parser):
-    text = "tests/test_model_coverage.py: every causal LM type of the installed transformers, not the CI sample"
+    text = "tests/models/test_model_coverage.py: every causal LM type of the installed transformers, not the CI sample"
     parser.addoption("--full-sweep", action="store_true", help=text)
-
-
-EVAL = Path(__file__).resolve().parents[1] / "eval"
-
-
-def eval_module(name: str):
-    """eval/<name>.py (or eval/diagnostics/<name>.py) as the module `eval_<name>` (registered before it runs, as its
-    dataclasses need; both folders on the path while it loads, as the scripts import each other by name)."""
-    folders = [EVAL, EVAL / "diagnostics"]
-    path = next((f / f"{name}.py" for f in folders if (f / f"{name}.py").exists()), EVAL / f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"eval_{name}", path)
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    sys.path[:0] = [str(f) for f in folders]
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.path[: len(folders)]
-    return module

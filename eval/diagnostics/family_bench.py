@@ -73,7 +73,7 @@ def speed(shape: str, doc: int, questions: int, answer: int) -> dict:
 
 def agreement(arch: str) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/ (the tiny models), beside hf_parallel
-    from tests.conftest import random_tokens, tiny_model
+    from tests.helpers.models import random_tokens, tiny_model
 
     model = tiny_model(arch, dtype=torch.bfloat16).cuda()
     gen = torch.Generator().manual_seed(0)

@@ -2,7 +2,7 @@
 
     PYTHONUNBUFFERED=1 python3 eval/diagnostics/gpu_kernel_check.py --out $OUT
 
-1. `pytest tests/test_triton_kernel.py` on the GPU (log: pytest.log).
+1. `pytest tests/kernels/test_triton_kernel.py` on the GPU (log: pytest.log).
 2. One decode step's attention per layer: a CUDA graph over enough layers (each its own K/V)
    that their KV is several times the L2, as in a real step; median over replays, per layer:
    an 8192-token document and P streams, each seeing a 128-slot own region (32 question
@@ -60,8 +60,8 @@ MODULE = torch.nn.Module().eval()
 
 
 def run_tests(out: Path, timeout: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "tests/test_triton_kernel.py", "-q", "-n", "8", "-p", "no:cacheprovider",
-           "--durations=10"]  # fmt: skip
+    cmd = [sys.executable, "-m", "pytest", "tests/kernels/test_triton_kernel.py", "-q", "-n", "8", "-p",
+           "no:cacheprovider", "--durations=10"]  # fmt: skip
     start = time.time()
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)

@@ -47,7 +47,7 @@ Decoding is the model's generation_config's (greedy for SmolLM2) unless --temper
 The embedded SmolLM2 is converted from its GGUF file once, into ~/.cache/hf_parallel (HF_HOME's, where
 HF_HOME is set); later starts load it from there.
 """
-# spelled out rather than imported, so that --help imports no torch; tests/test_cli_answer.py keeps them equal to
+# spelled out rather than imported, so that --help imports no torch; tests/cli/test_cli_answer.py keeps them equal to
 # hf_parallel.attention.BACKENDS, decoding.options.DEFAULT_MAX_NEW_TOKENS and frontends.corpus.TOKENS_PER_CALL
 ATTENTION = ("auto", "reference", "triton")
 DEFAULT_MAX_NEW_TOKENS = 256

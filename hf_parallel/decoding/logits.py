@@ -20,7 +20,7 @@ exact class allows (a stage's `view`); subclasses and unknown classes take the l
                (of one prompt, where a processor holds it), that group's own instance on its exact history
                (where one group holds every live stream, on the scores themselves: no gather and scatter).
 
-The padded views give each stream exactly the scores of its prompt alone (tests/test_generation_options.py
+The padded views give each stream exactly the scores of its prompt alone (tests/decoding/test_generation_options.py
 checks them against `model.generate`).
 """
 

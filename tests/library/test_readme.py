@@ -1,0 +1,66 @@
+"""The README as a new user meets it: its set-up commands install what each step needs, and its Python blocks
+run offline on the embedded SmolLM2 and print what their `# ->` comments say.
+
+A block that needs the hub or a GPU is skipped, with the reason; the others run in order in one namespace,
+as a reader would paste them, with `load_smollm2` returning the session's SmolLM2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+
+import pytest
+
+from tests.helpers.project import ROOT
+
+README = ROOT / "README.md"
+NEEDS = {'device_map="cuda"': "needs a GPU and the hub", "load_dataset(": "needs the hub (datasets)"}
+
+
+def blocks(language: str) -> list[str]:
+    """The README's fenced code blocks in `language`, in order."""
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def expected_output(block: str) -> list[str]:
+    """What the block's `# ->` comments say it prints, a line each, in order."""
+    return [line.split("# -> ", 1)[1] for line in block.splitlines() if "# -> " in line]
+
+
+def test_the_first_command_installs_what_the_demo_needs_and_the_second_what_the_tests_need():
+    demo, tests = blocks("bash")[0].strip().splitlines()
+    assert 'pip install -e ".[demo]"' in demo and demo.endswith("python -m hf_parallel demo")
+    assert tests == 'pip install -e ".[test]" && python -m pytest -q'
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "python -m pytest -q" in ci.splitlines()[-1]  # the README's test command, last
+    assert ".venv-ci/" in (ROOT / ".gitignore").read_text().splitlines()  # where .ci/run installs
+
+
+def test_the_cpu_only_torch_command_is_given_beside_the_default():
+    text = " ".join(README.read_text().split())
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "On Linux that is the CUDA build" in text and "on macOS and Windows it is a CPU build" in text
+
+
+@pytest.mark.slow
+def test_every_python_block_runs_and_prints_what_it_says(smollm2, monkeypatch):
+    monkeypatch.setattr("hf_parallel.load_smollm2", lambda *a, **k: smollm2)
+    namespace: dict = {}
+    ran = 0
+    for i, block in enumerate(blocks("python")):
+        if any(marker in block for marker in NEEDS):
+            continue  # test_the_blocks_skipped_need_the_hub_or_a_gpu says which and why
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(block, f"README.md python block {i}", "exec"), namespace)
+        assert printed.getvalue().splitlines() == expected_output(block), f"block {i}:\n{block}"
+        ran += 1
+    assert ran >= 2
+
+
+def test_the_blocks_skipped_need_the_hub_or_a_gpu():
+    skipped = [block for block in blocks("python") if any(marker in block for marker in NEEDS)]
+    reasons = sorted({reason for block in skipped for marker, reason in NEEDS.items() if marker in block})
+    assert reasons == ["needs a GPU and the hub"] and len(skipped) == 1
