@@ -91,6 +91,12 @@ class RoundGraphs:
         cap.graph.replay()
         return cap.logits
 
+    def invalidate(self) -> None:
+        """Forget which plan each captured round holds: its next replay writes its plan again (the row was laid out
+        anew, so a kept signature may name another layout's plan)."""
+        for cap in self.captured.values():
+            cap.planned = None
+
     def _capture(self, plan: StaticPlan, row: Row, forward: Forward, q_slot, tokens, signature: int) -> CapturedRound:
         size, device = plan.bucket, tokens.device
         slots = torch.empty(size, dtype=torch.long, device=device)
