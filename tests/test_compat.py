@@ -24,7 +24,7 @@ from hf_parallel import generate_tokens
 from hf_parallel.compat import transformers_internals as ti
 from hf_parallel.compat import transformers_names as tn
 
-from .conftest import COMMON, generate_alone, random_tokens, tiny_model
+from .conftest import ARCHITECTURES, COMMON, generate_alone, random_tokens, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hf_parallel"
@@ -187,6 +187,20 @@ def test_the_rotary_function_is_the_modeling_modules_global():
     )
     assert ti.rotary_function(modeling_llama.LlamaMLP) is None
     assert ti.runs_as_written(modeling_llama.apply_rotary_pos_emb, [])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_every_familys_attention_forward_can_be_rebuilt_over_its_rotary(arch):
+    """Where a family's attention calls its modeling module's rotary function, its forward (under whatever
+    decorators that version puts on it) can be rebuilt to call another: the compiled rotary is never skipped."""
+    model = tiny_model(arch)
+    classes = {type(m) for m in model.modules() if ti.rotary_function(type(m)) is not None}
+    if arch == "gpt2":
+        assert not classes  # learned positions: no rotary function
+    else:
+        assert classes, f"{arch}: no module calls {ti.ROTARY}"
+    for cls in classes:
+        assert ti.forward_with_global(cls, ti.ROTARY, None) is not None, f"{cls.__name__}.forward cannot be rebuilt"
 
 
 def _layer_outputs(model, ids):

@@ -42,8 +42,8 @@ def attention_implementations(config) -> str | dict:
 
 
 def register_attention(name: str, function: Callable) -> None:
-    """Register `function` with `AttentionInterface` under `name` (again only where another is registered), and no
-    mask function under that name.
+    """Register `function` with `AttentionInterface` under `name` (where the name holds another function, or none),
+    and no mask function under that name.
 
     Relies on: `create_causal_mask` (and the sliding-window one) returning None at once for an implementation name
     absent from the mask registry (`AttentionMaskInterface`), so a model routed through `name` never builds a dense
@@ -212,7 +212,7 @@ def set_forward(module: nn.Module, function: types.FunctionType) -> Callable[[],
     already its own (a hook's, or another set-up's) and is not accelerate's hook around the class's forward.
 
     Relies on: nn.Module calling `self.forward` (an instance attribute first); accelerate's hooks keeping the
-    class's forward bound in `_old_forward`, which their forward calls (accelerate 1.x)."""
+    class's forward bound in `_old_forward`, which their forward calls (accelerate 1.16)."""
     own = vars(module)
     bound = types.MethodType(function, module)
     if "forward" not in own:

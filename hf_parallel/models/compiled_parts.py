@@ -19,9 +19,8 @@ through one compiled graph, and neither the modeling module nor another model of
 Where the `kernels` package is installed, transformers makes the function a module whose forward calls it; that
 module is compiled instead, unless `kernels.kernelize` gave it (or an attention module's copy of it) a hub
 kernel's forward, which is then left alone.  Dense MLPs stay eager: compiled, they made no step faster and the
-first call slower (docs/benchmarks.md, "Ablations on the grid").  Inductor emulates eager's
-rounding after each 16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused
-reductions' order.
+first call slower (docs/benchmarks.md, "Ablations on the grid").  Inductor emulates eager's rounding after each
+16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
 """
 
 from __future__ import annotations
@@ -178,8 +177,10 @@ def token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tens
 @contextlib.contextmanager
 def fused(model: nn.Module, parts: list[str]):
     """For the block: each part in `parts` runs compiled: a module's forward (an instance attribute, removed
-    after); a function, through a forward of their own (put back after) for this model's modules whose forward
-    calls it.  Modules with a forward of their own already (a hook's, or an enclosing block's) are left alone."""
+    after); a function, through a forward of its own given to each module of `model` whose forward calls it (taken
+    back after: the modeling module and other models are not touched).  Left alone: a norm whose forward is already
+    its own (a hook's), and a module calling the function whose forward is its own other than through accelerate's
+    hook (`compat.transformers_internals.set_forward`; an enclosing block's, say)."""
     modules = [model.get_submodule(name) for name in parts if not name.startswith(FUNCTION)]
     modules = [m for m in modules if "forward" not in vars(m)]  # a forward of its own (a hook's): left alone
     # the modeling modules whose rotary function runs compiled (the one function part there is), and its compiled
