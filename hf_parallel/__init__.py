@@ -17,9 +17,9 @@ soon as transformers defines `PreTrainedModel` (at once where it already has).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import sys
 from typing import TYPE_CHECKING
+
+from .compat.method_on_import import add_method_on_import
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from .attention import AttentionBackend  # noqa: F401
@@ -92,50 +92,4 @@ def _generate_parallel_method(self, document, questions, tokenizer=None, **optio
 
 # --------------------------------------------------------------------------- model.generate_parallel
 
-_MODELING = "transformers.modeling_utils"  # where PreTrainedModel is defined
-
-
-def _add_method(modeling_utils) -> None:
-    modeling_utils.PreTrainedModel.generate_parallel = _generate_parallel_method
-
-
-class _AddMethodOnImport(importlib.abc.MetaPathFinder):
-    """Adds the method once `transformers.modeling_utils` has run, which it must before any model exists.
-
-    A finder on `sys.meta_path` that finds nothing itself: for that one module it takes the spec the other
-    finders give and wraps its loader; it removes itself once the module is found.
-    """
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _MODELING:
-            return None
-        sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _AddMethodLoader(spec.loader)
-                return spec
-        return None
-
-
-class _AddMethodLoader(importlib.abc.Loader):
-    """The module's own loader, and the method added once the module has run."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.loader.exec_module(module)
-        _add_method(module)
-
-    def __getattr__(self, name: str):  # get_source, get_resource_reader, ...: the module's own loader's
-        return getattr(self.loader, name)
-
-
-if _MODELING in sys.modules:
-    _add_method(sys.modules[_MODELING])
-elif not any(isinstance(finder, _AddMethodOnImport) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _AddMethodOnImport())
+add_method_on_import("generate_parallel", _generate_parallel_method)

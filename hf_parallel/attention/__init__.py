@@ -3,9 +3,9 @@
 `BACKENDS` holds the built-in paths by name ("reference" always, "triton" where Triton is installed);
 `resolve_backend` picks one and `use_attention` routes a model's attention through it.
 No mask function is registered on purpose: for an implementation name absent from
-the mask registry, `create_causal_mask` returns None at once (transformers 5.17 and
-5.24 alike), so the model never builds a dense causal mask of its own; the stream
-mask is evaluated from the plan instead.
+the mask registry, `create_causal_mask` returns None at once
+(`hf_parallel.compat.transformers_internals.register_attention`), so the model never
+builds a dense causal mask of its own; the stream mask is evaluated from the plan instead.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 
+from ..compat.transformers_internals import attention_implementation, attention_implementations, register_attention
 from .backend import AttentionBackend, AttentionCall, StaticPlan
 from .reference import ReferenceBackend
 
@@ -51,11 +52,10 @@ def use_attention(model: PreTrainedModel, backend: AttentionBackend):
     implementation."""
     if not backend.name:
         raise ValueError(f"{type(backend).__name__} has no name to register with transformers' AttentionInterface")
-    if AttentionInterface().get(backend.name) != backend.attention:
-        AttentionInterface.register(backend.name, backend.attention)
-    previous = _implementations(model.config)
+    register_attention(backend.name, backend.attention)
+    previous = attention_implementations(model.config)
     model.set_attn_implementation(backend.name)
-    if model.config._attn_implementation != backend.name:
+    if attention_implementation(model.config) != backend.name:
         raise NotImplementedError(
             f"{type(model).__name__} does not let its attention implementation be set (set_attn_implementation "
             "refused it), so hf_parallel cannot apply its stream mask"
@@ -64,11 +64,3 @@ def use_attention(model: PreTrainedModel, backend: AttentionBackend):
         yield
     finally:
         model.set_attn_implementation(previous)
-
-
-def _implementations(config) -> str | dict:
-    """The attention implementation of `config` and of each sub-config, as `set_attn_implementation` takes them
-    back (a composite model's sub-models may use different ones)."""
-    subs = {key: getattr(config, key) for key in getattr(config, "sub_configs", {})}
-    own = {key: sub._attn_implementation for key, sub in subs.items() if sub is not None and sub._attn_implementation}
-    return {"": config._attn_implementation, **own} if own else config._attn_implementation

@@ -23,6 +23,8 @@ from transformers.generation import logits_process
 from transformers.generation.stopping_criteria import EosTokenCriteria
 from transformers.utils import logging
 
+from ..compat.transformers_internals import eos_token_ids
+
 # processors that hold their prompt's tokens or hand the row's batch index to user code: one group per prompt
 HOLDS_PROMPT = tuple(
     getattr(logits_process, name)
@@ -130,7 +132,7 @@ class GenerateArgs:
                 f"{stateful[0]} keeps state over fixed batch rows; parallel generation does not support it"
             )
         criteria = box["criteria"] + ([self.stop_criterion] if self.stop_criterion is not None else [])
-        eos = {int(t) for c in criteria if type(c) is EosTokenCriteria for t in c.eos_token_id.flatten().tolist()}
+        eos = {t for c in criteria if type(c) is EosTokenCriteria for t in eos_token_ids(c)}
         return Prepared(box["processors"], criteria, box["config"], len(prompt), tuple(sorted(eos)))
 
 

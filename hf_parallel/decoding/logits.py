@@ -35,6 +35,8 @@ from transformers import PreTrainedModel
 from transformers.generation import logits_process as lp
 from transformers.generation import stopping_criteria as sc
 
+# LENGTH_LIMIT: the classes that read only the history's length, by where each keeps its (absolute) length limit
+from ..compat.transformers_internals import LENGTH_LIMIT, banned_ngram_size, length_limit
 from ..row.plan import upload
 from .generate_args import Prepared
 from .options import GenerationOptions
@@ -63,15 +65,6 @@ VIEWS = {
     sc.EosTokenCriteria: "newest",
     sc.MaxTimeCriteria: "newest",
 }
-# classes that read only the history's length: the attribute holding their (absolute) length limit
-LENGTH_LIMIT = {
-    lp.MinLengthLogitsProcessor: "min_length",
-    lp.MinNewTokensLengthLogitsProcessor: "prompt_length_to_skip",
-    lp.SuppressTokensAtBeginLogitsProcessor: "begin_index",
-    lp.ExponentialDecayLengthPenalty: "regulation_start",
-    lp.ForcedEOSTokenLogitsProcessor: "max_length",
-    sc.MaxLengthCriteria: "max_length",
-}
 
 
 class Stage(NamedTuple):
@@ -96,9 +89,9 @@ def stages(lists: list[list], lens: list[int]) -> list[Stage]:
 
 def _view(cls: type, instances: list[tuple]) -> str:
     if cls in LENGTH_LIMIT:  # relative to the prompt in every group: one instance serves all streams
-        offsets = {getattr(p, LENGTH_LIMIT[cls]) - n for p, n in instances}
+        offsets = {length_limit(p) - n for p, n in instances}
         return "length" if len(offsets) == 1 else "per_group"
-    if cls is lp.NoRepeatNGramLogitsProcessor and instances[0][0].ngram_size == 1:
+    if cls is lp.NoRepeatNGramLogitsProcessor and banned_ngram_size(instances[0][0]) == 1:
         return "set"  # bans every token of the history, a set: a pad would be banned too (5.17 raises on it)
     return VIEWS.get(cls, "per_group")
 

@@ -30,6 +30,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from ..attention import resolve_backend
 from ..attention.reference import ReferenceBackend
+from ..compat.lm_eval_internals import encode_pair
 from ..decoding.inputs import check_tokens
 from ..decoding.sizes import parse_memory
 from .arguments import batch_size_notice, call_tokens, check_arguments
@@ -189,7 +190,7 @@ class HFParallelLM(HFLM):
         if not continuation:
             raise RequestError(f"{describe(request)}: the continuation is empty (context {shorten(context)})")
         if context:
-            return self._encode_pair(context, continuation)
+            return encode_pair(self, context, continuation)
         tokens = self.tok_encode(continuation, add_special_tokens=False)
         if tokens and tokens[0] == self.prefix_token_id:
             return tokens[:1], tokens[1:]

@@ -11,29 +11,32 @@ A graph compiles again where a call's strides differ from those it was compiled 
 are given a decode step's strides (`hf_parallel.models.projections`), so the rotary function compiles once.
 
 A part is fusable when it is a norm (no children, only 1-D parameters) or the rotary embedding function
-(`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module; the function is
-swapped in its module for the block, so every layer's call goes through one compiled graph (a part named
-`fn:module.function`).  Where the `kernels` package is installed, transformers makes the function a module whose
-forward calls it; that module is compiled instead, unless `kernels.kernelize` gave it (or an attention module's
-copy of it) a hub kernel's forward, which is then left alone.  Dense MLPs stay eager: compiled, they made no
-step faster and the first call slower (docs/benchmarks/gpu.md, "Ablations on the grid").  Inductor emulates eager's
-rounding after each 16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused
-reductions' order.
+(`apply_rotary_pos_emb`) that an attention module's forward looks up in its modeling module (a part named
+`fn:module.function`).  For the block, each of this model's modules whose forward calls the function gets a
+forward of its own that calls the compiled function instead (its class's forward, rebuilt over a copy of the
+modeling module's globals: `compat.transformers_internals.forward_with_global`), so every layer's call goes
+through one compiled graph, and neither the modeling module nor another model of the same family is touched.
+Where the `kernels` package is installed, transformers makes the function a module whose forward calls it; that
+module is compiled instead, unless `kernels.kernelize` gave it (or an attention module's copy of it) a hub
+kernel's forward, which is then left alone.  Dense MLPs stay eager: compiled, they made no step faster and the
+first call slower (docs/benchmarks/gpu.md, "Ablations on the grid").  Inductor emulates eager's rounding after each
+16-bit operation (`emulate_precision_casts`), so a 16-bit answer moves only by the fused reductions' order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-import inspect
 import sys
 import threading
-import types
 import warnings
 
 import torch
 from torch import nn
 from torch._inductor import config as inductor_config
+
+from ..compat.transformers_internals import ROTARY, forward_with_global, rotary_function, runs_as_written, set_forward
 
 OPTIONS = {"emulate_precision_casts": True}
 DYNAMIC = None  # torch.compile's `dynamic`: Dynamo's own choice, with the token count marked (`token_dims`)
@@ -81,7 +84,6 @@ def compiler_imported() -> None:
         importing[0].join()
 
 
-ROTARY = "apply_rotary_pos_emb"  # the name every modeling file that copies Llama's attention gives it
 FUNCTION = "fn:"  # a part that is a modeling module's function, not a submodule
 
 
@@ -96,23 +98,10 @@ def fusable_parts(model: nn.Module, attention: list[nn.Module]) -> list[str]:
             if child not in attention and _is_norm(child):
                 parts.append(f"{layer}.{child_name}")
     for cls in sorted({type(m) for m in attention}, key=lambda c: c.__module__):
-        forward = inspect.unwrap(cls.forward)  # under transformers' kwarg decorators and `kernels`' wrapper
-        code = getattr(forward, "__code__", None)
-        function = getattr(sys.modules.get(cls.__module__), ROTARY, None)
-        if _plain(function, attention) and code is not None and ROTARY in code.co_names:
+        function = rotary_function(cls)
+        if function is not None and runs_as_written(function, attention):
             parts.append(f"{FUNCTION}{cls.__module__}.{ROTARY}")
     return list(dict.fromkeys(parts))  # once each, in order
-
-
-def _plain(function, attention: list[nn.Module]) -> bool:
-    """Whether `function` runs as written: a function, or `kernels`' module of one (what transformers' hub-kernel
-    decorator makes of it where `kernels` is installed) that `kernelize` gave no forward of its own."""
-    if isinstance(function, types.FunctionType):
-        return True
-    if not isinstance(function, nn.Module) or not hasattr(type(function), "kernel_layer_name"):
-        return False
-    copies = [function] + [c for m in attention for c in vars(m).get("_kernel_funcs", {}).values()]
-    return not any("forward" in vars(c) for c in copies)
 
 
 def _natural(name: str):
@@ -188,29 +177,43 @@ def token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tens
 @contextlib.contextmanager
 def fused(model: nn.Module, parts: list[str]):
     """For the block: each part in `parts` runs compiled: a module's forward (an instance attribute, removed
-    after), a function (swapped in its module, put back after)."""
+    after); a function, through a forward of its own given to each module of `model` whose forward calls it (taken
+    back after: the modeling module and other models are not touched).  Left alone: a norm whose forward is already
+    its own (a hook's), and a module calling the function whose forward is its own other than through accelerate's
+    hook (`compat.transformers_internals.set_forward`; an enclosing block's, say)."""
     modules = [model.get_submodule(name) for name in parts if not name.startswith(FUNCTION)]
     modules = [m for m in modules if "forward" not in vars(m)]  # a forward of its own (a hook's): left alone
-    functions = []
-    for name in parts:
-        if name.startswith(FUNCTION):
-            where, _, attr = name[len(FUNCTION) :].rpartition(".")
-            owner = sys.modules[where]
-            function = getattr(owner, attr)
-            if not isinstance(function, CompiledPart):  # not already swapped (a call within a call)
-                functions.append((owner, attr, function))
-    for module in modules:
-        module.forward = CompiledPart(module)
-    for owner, attr, function in functions:
-        setattr(owner, attr, CompiledPart(function=function, name=attr))
+    # the modeling modules whose rotary function runs compiled (the one function part there is), and its compiled
+    # function once made
+    functions = {name[len(FUNCTION) :].rpartition(".")[0]: None for name in parts if name.startswith(FUNCTION)}
+    undo, forwards = [], {}
     try:
-        with _compiling() if modules or functions else contextlib.nullcontext():
+        for module in modules:
+            module.forward = CompiledPart(module)
+            undo.append(functools.partial(delattr, module, "forward"))
+        for module in model.modules() if functions else ():
+            cls = type(module)
+            if cls.__module__ in functions and cls not in forwards:  # one rebuilt forward per class
+                forwards[cls] = _compiled_rotary_forward(cls, functions)
+            restore = set_forward(module, forwards[cls]) if forwards.get(cls) is not None else None
+            if restore is not None:
+                undo.append(restore)
+        with _compiling() if undo else contextlib.nullcontext():
             yield
     finally:
-        for module in modules:
-            del module.forward
-        for owner, attr, function in functions:
-            setattr(owner, attr, function)
+        for restore in reversed(undo):
+            restore()
+
+
+def _compiled_rotary_forward(cls: type, functions: dict):
+    """`cls.forward` calling the compiled rotary function of its modeling module (made once, kept in `functions` by
+    the module's name); None where its forward calls none, or cannot be rebuilt."""
+    function = rotary_function(cls)
+    if function is None:
+        return None
+    if functions[cls.__module__] is None:
+        functions[cls.__module__] = CompiledPart(function=function, name=ROTARY)
+    return forward_with_global(cls, ROTARY, functions[cls.__module__])
 
 
 @contextlib.contextmanager

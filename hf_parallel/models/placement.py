@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from ..compat.transformers_names import is_attention_layer
+
 
 def normal_device(device) -> torch.device:
     """`device` as `torch.device` with an index where the type has one ("cuda" -> "cuda:<current>")."""
@@ -147,7 +149,7 @@ def _split_attention(model: nn.Module) -> tuple[str, set[torch.device]] | None:
     if not device_map:  # no map: each part runs where its weights are (`Placement.devices` alone)
         return None
     for name, module in model.named_modules():
-        if not (type(module).__name__.endswith("Attention") and hasattr(module, "layer_idx")):
+        if not is_attention_layer(module):
             continue
         parts = [k for k in device_map if k.startswith(f"{name}.")]
         holder = max((k for k in device_map if k in ("", name) or name.startswith(f"{k}.")), key=len, default=None)

@@ -16,9 +16,10 @@ call and calls the unmodified mixer:
 A forward may hold both: its decode tokens come first, then the prompt runs.
 
 The mixer reads and writes the state through transformers' own `LinearAttentionLayer`
-at `cache.layers[layer_idx]` (`StateLayer`), so the model code is unchanged in
-transformers 5.17 and 5.24.  Transformers' own continuous batching refuses these models,
-and its packed-sequence arguments (`cu_seq_lens`, `seq_idx`) reach no CPU fallback.
+at `cache.layers[layer_idx]` (`StateLayer`, through
+`hf_parallel.compat.transformers_internals.RecurrentStateLayer`), so the model code is
+unchanged.  Transformers' own continuous batching refuses these models, and its
+packed-sequence arguments (`cu_seq_lens`, `seq_idx`) reach no CPU fallback.
 """
 
 from __future__ import annotations
@@ -27,23 +28,16 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.cache_utils import LinearAttentionLayer
+
+from ..compat.transformers_internals import RecurrentStateLayer
+from ..compat.transformers_names import is_recurrent_mixer
 
 MAX_STATES = 4  # conv or recurrent states one mixer may keep (most keep one)
-MIXER_SUFFIXES = (
-    "GatedDeltaNet",
-    "DeltaAttention",
-    "Mixer",
-    "MambaLayer",
-    "ShortConv",
-    "ShortConvolution",
-    "LightningAttention",
-)
 
 
 def is_mixer(module: nn.Module) -> bool:
-    """A layer with a recurrent state, by the class names transformers gives them."""
-    return type(module).__name__.endswith(MIXER_SUFFIXES) and isinstance(getattr(module, "layer_idx", None), int)
+    """A layer with a recurrent state, by the class names transformers gives them (`is_recurrent_mixer`)."""
+    return is_recurrent_mixer(module)
 
 
 @dataclass
@@ -65,7 +59,7 @@ def _take(t, index):
     return None if t is None else t[index].clone()
 
 
-class StateLayer(LinearAttentionLayer):
+class StateLayer(RecurrentStateLayer):
     """transformers' linear-attention cache layer, loaded with the state of the rows a mixer call runs.
 
     segments: final states of the runs prefilled so far (rows of one), by key, while still needed.
@@ -73,24 +67,19 @@ class StateLayer(LinearAttentionLayer):
     """
 
     def __init__(self):
-        super().__init__(number_of_states=MAX_STATES)
+        super().__init__(MAX_STATES)
         self.segments: dict[int, State] = {}
         self.pool: State | None = None
 
     def load(self, state: State | None) -> None:
         """Put `state` where the mixer looks for it; None: a fresh sequence (the mixer allocates its state)."""
-        for i in range(self.number_of_states):
-            conv = None if state is None else state.conv.get(i)
-            rec = None if state is None else state.rec.get(i)
-            self.conv_states[i], self.recurrent_states[i] = conv, rec
-            self.is_conv_states_initialized[i] = conv is not None
-            self.is_recurrent_states_initialized[i] = rec is not None
-            self.has_previous_state[i] = state is not None
-            if conv is not None:
-                self.conv_kernel_size[i] = conv.shape[-1]
+        if state is None:
+            self.set_states(None, None)
+        else:
+            self.set_states(state.conv, state.rec)
 
     def read(self) -> State:
-        return State(dict(self.conv_states), dict(self.recurrent_states))
+        return State(*self.states())
 
     def put(self, lanes: torch.Tensor, state: State, lane_count: int) -> None:
         """Write `state`'s rows into the pool at `lanes` [n] (the pool of `lane_count` lanes made at the first)."""

@@ -150,12 +150,10 @@ class PackedCache(Cache):
 
     # MiniMax's lightning attention keeps its state through these two (its own cache type's API)
     def get_linear_cache(self, layer_idx: int) -> torch.Tensor | None:
-        layer = self.layers[layer_idx]
-        return layer.recurrent_states[0] if layer.has_previous_state[0] else None
+        return self.layers[layer_idx].linear_state(0)
 
     def set_linear_cache(self, layer_idx: int, state: torch.Tensor) -> None:
-        layer = self.layers[layer_idx]
-        layer.recurrent_states[0], layer.has_previous_state[0] = state, True
+        self.layers[layer_idx].set_linear_state(0, state)
 
     def stored_bytes(self) -> int:
         """Bytes of K/V and recurrent states held, all layers (for memory tests and reports)."""

@@ -14,17 +14,16 @@ The verdict, a `ModelProfile`, is kept per model; a refusal is a NotImplementedE
 
 from __future__ import annotations
 
-import sys
 import weakref
 
 import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.cache_utils import Cache, DynamicCache
 
 from ..attention import AttentionBackend, AttentionCall
 from ..attention.reference import ReferenceBackend
+from ..compat.transformers_internals import own_cache_class, sliding_window_layers
 from ..decoding.options import GenerationOptions
 from ..models.checks import check_model, refuse
 from ..models.compiled_parts import fusable_parts
@@ -86,11 +85,7 @@ def probe_model(model: PreTrainedModel) -> ModelProfile:
 
 def _windowed_layers(model: PreTrainedModel) -> set[int]:
     """Layers transformers' own cache gives a sliding window for this config (empty where it builds none)."""
-    try:
-        cache = DynamicCache(config=model.config.get_text_config())
-    except Exception:  # noqa: BLE001 - a config the generic cache cannot read: nothing to compare against
-        return set()
-    return {i for i, layer in enumerate(cache.layers) if "Sliding" in type(layer).__name__}
+    return sliding_window_layers(model.config.get_text_config())
 
 
 def _check_isolation(model: PreTrainedModel, support: ModelProfile) -> None:
@@ -218,14 +213,5 @@ def _record_writes(cache: PackedCache, events: list) -> None:
 
 def _cache_class(model: PreTrainedModel) -> type:
     """PackedCache, mixed with a Cache subclass the model's module defines for itself (MiniMax checks its type)."""
-    module = sys.modules.get(type(model).__module__)
-    own = (
-        [
-            c
-            for c in vars(module).values()
-            if isinstance(c, type) and issubclass(c, Cache) and c.__module__ == module.__name__
-        ]
-        if module
-        else []
-    )
-    return type(f"Packed{own[0].__name__}", (PackedCache, own[0]), {}) if len(own) == 1 else PackedCache
+    own = own_cache_class(model)
+    return type(f"Packed{own.__name__}", (PackedCache, own), {}) if own is not None else PackedCache
