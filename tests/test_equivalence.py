@@ -11,6 +11,8 @@ from hf_parallel.row.layout import build_layout
 
 from .conftest import generate_alone, random_tokens
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 8
 
 

@@ -12,6 +12,8 @@ from hf_parallel.runner.probe import check_support
 
 from .conftest import FAMILIES, generate_alone, random_tokens, tiny_model
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 HYBRIDS = ["qwen3_5_text", "qwen3_next", "falcon_h1", "bamba", "jamba", "zamba2", "lfm2", "nemotron_h", "minimax"]
 
 

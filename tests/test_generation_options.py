@@ -22,6 +22,8 @@ from hf_parallel.runner.patching import ModelProfile
 
 from .conftest import VOCAB, random_tokens, tiny_model
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 10
 EOS = 2
 QWEN = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)  # Qwen2.5-Instruct's

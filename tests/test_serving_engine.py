@@ -21,6 +21,8 @@ from hf_parallel.runner.sizing import size_row
 
 from .conftest import generate_alone, random_tokens, tiny_model
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 TIMEOUT = 120
 CHUNK = 16
 

@@ -30,6 +30,8 @@ from .test_generation_options import (
 )
 from .test_scheduling import max_memory_for
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 16
 ATTENTION = sorted(a for a in ARCHITECTURES if a != "qwen3_5_text")  # the hybrid is refused (its own test)
 
