@@ -38,6 +38,13 @@ def test_the_first_command_installs_what_the_demo_needs_and_the_second_what_the_
     assert ".venv-ci/" in (ROOT / ".gitignore").read_text().splitlines()  # where .ci/run installs
 
 
+def test_the_transformers_floor_is_the_one_pyproject_sets():
+    """The README names the oldest transformers that pyproject.toml allows."""
+    floor = re.search(r'"transformers>=([0-9.]+),<6"', (ROOT / "pyproject.toml").read_text()).group(1)
+    text = " ".join(README.read_text().split())
+    assert f"**Which transformers.** {floor} or any later 5.x" in text
+
+
 def test_the_cpu_only_torch_command_is_given_beside_the_default():
     text = " ".join(README.read_text().split())
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
