@@ -26,6 +26,8 @@ from hf_parallel.compat import transformers_names as tn
 from tests.helpers.models import ARCHITECTURES, COMMON, generate_alone, random_tokens, tiny_model
 from tests.helpers.project import ROOT
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 PACKAGE = ROOT / "hf_parallel"
 HYBRIDS = ["qwen3_5_text", "qwen3_next", "falcon_h1", "bamba", "jamba", "zamba2", "lfm2", "nemotron_h", "minimax"]
 

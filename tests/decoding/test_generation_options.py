@@ -20,6 +20,8 @@ from tests.helpers.char_tokenizers import char_tokenizer
 from tests.helpers.generation import BanRecent, StopAfterRepeat, alone, generate_processors, model_with
 from tests.helpers.models import random_tokens
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 10
 EOS = 2
 QWEN = dict(do_sample=True, temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)  # Qwen2.5-Instruct's

@@ -24,6 +24,8 @@ from tests.helpers.prompts import prompts_with_repeats
 from tests.helpers.sizing import max_memory_for
 from tests.helpers.speculation import Oracle
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 16
 ATTENTION = sorted(a for a in ARCHITECTURES if a != "qwen3_5_text")  # the hybrid is refused (its own test)
 

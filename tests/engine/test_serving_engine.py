@@ -22,6 +22,8 @@ from tests.helpers.prompts import prompts_with_repeats
 from tests.helpers.serving import TIMEOUT, Collector
 from tests.helpers.speculation import Oracle
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 CHUNK = 16
 
 

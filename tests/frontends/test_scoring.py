@@ -9,6 +9,8 @@ from hf_parallel.frontends.judging import ChoiceQuestion, ScoreQuestion, YesNoQu
 from hf_parallel.frontends.scoring import score_continuations, score_tree
 from tests.helpers.models import random_tokens, tiny_model
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 # fp32 sums of a few log-probabilities; observed differences are ~1e-5 (a different SDPA
 # kernel and reduction order than the unmasked plain forward), so 1e-4 leaves margin.
 ATOL = 1e-4

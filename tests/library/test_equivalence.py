@@ -10,6 +10,8 @@ from hf_parallel.engine.generate import generate_layout
 from hf_parallel.row.layout import build_layout
 from tests.helpers.models import generate_alone, random_tokens
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 NEW = 8
 
 

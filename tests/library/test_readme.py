@@ -33,9 +33,18 @@ def test_the_first_command_installs_what_the_demo_needs_and_the_second_what_the_
     demo, tests = blocks("bash")[0].strip().splitlines()
     assert 'pip install -e ".[demo]"' in demo and demo.endswith("python -m hf_parallel demo")
     assert tests == 'pip install -e ".[test]" && python -m pytest -q'
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "python -m pytest -q" in ci.splitlines()[-1]  # the README's test command, last
-    assert ".venv-ci/" in (ROOT / ".gitignore").read_text().splitlines()  # where .ci/run installs
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "python -m pytest -q" in ci  # the README's test command
+    assert ci.index("python -m pytest -q") < ci.index("python -m pytest -q -m compat -n 2")  # then the oldest's
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert ".venv-ci/" in ignored and ".venv-ci-min/" in ignored  # where .ci/run installs
+
+
+def test_the_transformers_floor_is_the_one_pyproject_sets():
+    """The README names the oldest transformers that pyproject.toml allows, the one .ci/run tests."""
+    floor = re.search(r'"transformers>=([0-9.]+),<6"', (ROOT / "pyproject.toml").read_text()).group(1)
+    text = " ".join(README.read_text().split())
+    assert f"**Which transformers.** {floor} or any later 5.x" in text and f"on {floor}.0 too" in text
 
 
 def test_the_cpu_only_torch_command_is_given_beside_the_default():

@@ -11,6 +11,8 @@ from hf_parallel.models.recurrent import SegmentedMixer, is_mixer
 from hf_parallel.runner.probe import check_support
 from tests.helpers.models import FAMILIES, generate_alone, random_tokens, tiny_model
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 HYBRIDS = ["qwen3_5_text", "qwen3_next", "falcon_h1", "bamba", "jamba", "zamba2", "lfm2", "nemotron_h", "minimax"]
 
 

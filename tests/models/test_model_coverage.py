@@ -12,6 +12,8 @@ import pytest
 from tests.helpers.model_outcome import KNOWN_BUGS, outcome
 from tests.helpers.model_zoo import SKIPS, causal_lm_types
 
+pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too
+
 SAMPLE = {
     "qwen3": "llama-like, from the generic shrink",
     "mixtral": "mixture of experts",
