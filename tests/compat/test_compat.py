@@ -1,16 +1,15 @@
 """`hf_parallel.compat`: each contact with transformers' or lm-eval's internals holds as it assumes (on tiny
-random-weight models, nothing downloaded), no other module of hf_parallel touches those internals, and the
-compiled rotary embedding of one model reaches no other model of its family, on another thread."""
+random-weight models, nothing downloaded), and the compiled rotary embedding of one model reaches no other model
+of its family, on another thread.  That no other module of hf_parallel touches those internals is
+tests/library/test_architecture.py's check."""
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -337,128 +336,6 @@ def test_the_method_is_added_where_transformers_defines_pretrained_model():
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-
-
-# --------------------------------------------------------------------------- (b) no contact outside compat
-
-# private names of other libraries hf_parallel may read outside compat: torch's and accelerate's
-OTHERS_PRIVATE = {"_dynamo", "_inductor", "_parameters", "_modules", "_forward_hooks", "_forward_pre_hooks", "_hf_hook"}
-# transformers' internals by name: the linear-attention cache layer's state attributes, logits processors' own
-# attributes, the mask machinery
-INTERNAL_NAMES = {
-    "conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
-    "has_previous_state", "conv_kernel_size", "number_of_states", "ngram_size", "prompt_length_to_skip",
-    "begin_index", "regulation_start", "create_causal_mask", "AttentionMaskInterface",
-    "ALL_MASK_ATTENTION_FUNCTIONS", "LinearAttentionLayer", "AttentionInterface", "kernel_layer_name", "_kernel_funcs",
-    "_old_forward",
-}  # fmt: skip
-
-
-def _sources() -> dict[Path, ast.Module]:
-    return {p: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
-
-
-def _defined_names(trees) -> set[str]:
-    """Every name hf_parallel defines itself: functions, classes, arguments, assigned names and attributes."""
-    names = set()
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, ast.arg):
-                names.add(node.arg)
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                names.add(node.id)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                names.add(node.attr)
-    return names
-
-
-def _is_sys_modules(node) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == "modules" and getattr(node.value, "id", None) == "sys"
-
-
-def _contacts(path: Path, tree: ast.Module, defined: set[str]) -> list[str]:
-    where = lambda node, what: f"{path.relative_to(ROOT)}:{node.lineno}: {what}"  # noqa: E731
-    found = []
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
-            names.append(node.attr)
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
-            names += [a.value for a in node.args[1:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in INTERNAL_NAMES:
-            names.append(node.value)
-        if isinstance(node, ast.Name):
-            names.append(node.id)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            module = node.module or "" if isinstance(node, ast.ImportFrom) and not node.level else ""
-            names += [a.name.rpartition(".")[2] for a in node.names]
-            modules = [module] + [a.name for a in node.names if isinstance(node, ast.Import)]
-            if any(m.startswith("transformers.models") or ".modeling_" in m for m in modules):
-                found.append(where(node, f"imports a modeling module ({', '.join(m for m in modules if m)})"))
-        for name in names:
-            private = name.startswith("_") and not name.startswith("__")
-            if (private and name not in defined and name not in OTHERS_PRIVATE) or name in INTERNAL_NAMES:
-                found.append(where(node, f"reads {name}"))
-            if name.startswith("modeling_"):
-                found.append(where(node, f"reads a modeling module ({name})"))
-        if isinstance(node, ast.Subscript) and _is_sys_modules(node.value):
-            found.append(where(node, "looks a module up in sys.modules"))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_sys_modules(node.func.value):
-            found.append(where(node, f"sys.modules.{node.func.attr}(...)"))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("transformers."):
-            found.append(where(node, f"names a transformers module ({node.value})"))
-        if isinstance(node, ast.Constant) and node.value == "Sliding":
-            found.append(where(node, "a class-name check ('Sliding')"))
-        method = node.func if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
-        if (
-            method is not None
-            and method.attr in ("endswith", "startswith")
-            and getattr(method.value, "attr", "") == "__name__"
-        ):
-            found.append(where(node, f"a class-name check (__name__.{node.func.attr})"))
-        if isinstance(node, ast.Compare) and any(getattr(c, "attr", None) == "__name__" for c in node.comparators):
-            if any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                found.append(where(node, "a class-name check (in __name__)"))
-    return found
-
-
-def test_no_module_outside_compat_touches_transformers_or_lm_eval_internals():
-    sources = _sources()
-    defined = _defined_names(t for p, t in sources.items() if "compat" not in p.relative_to(PACKAGE).parts)
-    found = [
-        contact
-        for path, tree in sources.items()
-        if "compat" not in path.relative_to(PACKAGE).parts
-        for contact in _contacts(path, tree, defined)
-    ]
-    assert not found, "contacts with transformers' or lm-eval's internals outside hf_parallel.compat:\n" + "\n".join(
-        found
-    )
-
-
-def test_the_contact_check_finds_each_kind_of_contact():
-    """The check above can fail: each kind of contact, written in a module, is found."""
-    code = textwrap.dedent("""
-        import sys
-        from transformers.models.llama import modeling_llama
-        from transformers.cache_utils import LinearAttentionLayer
-        a = model.config._attn_implementation
-        b = self._encode_pair(context, continuation)
-        c = sys.modules["transformers.modeling_utils"]
-        d = sys.modules.get(type(model).__module__)
-        e = "Sliding" in type(layer).__name__
-        f = type(module).__name__.endswith("Attention")
-        g = layer.recurrent_states[0]
-        h = getattr(processor, "begin_index")
-        i = transformers.models.llama.modeling_llama
-    """)
-    found = "\n".join(_contacts(PACKAGE / "example.py", ast.parse(code), defined=set()))
-    for what in ("modeling module (transformers.models.llama)", "LinearAttentionLayer", "_attn_implementation",
-                 "_encode_pair", "in sys.modules", "sys.modules.get", "'Sliding'", "in __name__", "__name__.endswith",
-                 "recurrent_states", "begin_index", "reads a modeling module (modeling_llama)"):  # fmt: skip
-        assert what in found, f"{what!r} not found in:\n{found}"
 
 
 # --------------------------------------------------------------------------- (c) the compiled rotary, one model only

@@ -73,3 +73,9 @@ def test_the_blocks_skipped_need_the_hub_or_a_gpu():
     skipped = [block for block in blocks("python") if any(marker in block for marker in NEEDS)]
     reasons = sorted({reason for block in skipped for marker, reason in NEEDS.items() if marker in block})
     assert reasons == ["needs a GPU and the hub"] and len(skipped) == 1
+
+
+def test_the_readme_is_a_product_page_of_at_most_150_lines():
+    """What it is, install, examples, the headline figure and links into the docs site: the rest lives there."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move the detail into docs/"
