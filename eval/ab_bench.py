@@ -21,7 +21,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,19 +41,6 @@ OUT = Path(os.environ.get("OUT", "/tmp"))
 DEVICE = torch.device(os.environ.get("DEVICE", "cuda"))
 
 
-def sync():
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn):
-    sync()
-    t = time.perf_counter()
-    out = fn()
-    sync()
-    return time.perf_counter() - t, out
-
-
 def one_row(model, shape, repeats):
     vocab = model.config.vocab_size
     book = bench.book_tokens(None, vocab)
@@ -73,7 +59,7 @@ def one_row(model, shape, repeats):
         answers[k] = sessions[k].generate_tokens(prompts, **opts)  # warm-up: kernels, captures
     for _ in range(repeats):
         for k in PKGS:
-            t, _ = timed(lambda k=k: sessions[k].generate_tokens(prompts, **opts))
+            t, _ = bench.timed(lambda k=k: sessions[k].generate_tokens(prompts, **opts))
             times[k].append(t)
     for s in sessions.values():
         s.release()
@@ -111,7 +97,7 @@ def corpus(model, shape, docs, questions, memory):
             logits_processor=[processor],
         )
         p.generate_tokens(model, prompts[: questions // 2], **opts)  # warm-up
-        t, out = timed(lambda p=p, opts=opts: p.generate_tokens(model, prompts, **opts))
+        t, out = bench.timed(lambda p=p, opts=opts: p.generate_tokens(model, prompts, **opts))
         rows[k] = (t, out)
     ok = all(len(a) == n for a, n in zip(rows["new"][1], targets))
     row = dict(

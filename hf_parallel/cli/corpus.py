@@ -40,22 +40,22 @@ class CorpusRun:
     def write(self, target: Path | None, record: dict, answers: list) -> None:
         """The document's line, on disk (or standard output) before returning."""
         line = {"line": record["line"], "id": record["id"], "questions": record["questions"], "answers": answers}
-        line = {k: v for k, v in line.items() if k != "id" or v is not None} | self.record
-        if target is None:
-            print(json.dumps(line, ensure_ascii=False), flush=True)
-        else:
-            append_json_lines(target, [line])
+        self._emit(target, {k: v for k, v in line.items() if k != "id" or v is not None} | self.record)
         self.documents, self.questions = self.documents + 1, self.questions + len(record["questions"])
 
     def write_error(self, target: Path | None, line: int, problem: str, id=None) -> None:
         """A bad input line's error line, {"line", "id" (where the line has one), "error", "model", "options"}, as the
         document's line is written (`write`): a rerun finds it done."""
-        error = {"line": line} | ({"id": id} if id is not None else {}) | {"error": problem} | self.record
-        if target is None:
-            print(json.dumps(error, ensure_ascii=False), flush=True)
-        else:
-            append_json_lines(target, [error])
+        self._emit(target, {"line": line} | ({"id": id} if id is not None else {}) | {"error": problem} | self.record)
         self.failed += 1
+
+    @staticmethod
+    def _emit(target: Path | None, line: dict) -> None:
+        """One output line: appended to `target`, else printed (standard output), flushed either way."""
+        if target is None:
+            print(json.dumps(line, ensure_ascii=False), flush=True)
+        else:
+            append_json_lines(target, [line])
 
     def note(self, message: str) -> None:
         """A note on stderr, from the main process only (every process of a launch finds the same), unless --quiet."""

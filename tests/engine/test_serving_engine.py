@@ -53,6 +53,15 @@ def _wait_idle(engine: Engine) -> None:
     assert engine.wait_idle(TIMEOUT)
 
 
+def _answers_as_generate(engine: Engine, model, prompt: list[int], max_new_tokens: int) -> None:
+    """A greedy request sent after whatever failed before it: its tokens are `model.generate`'s alone."""
+    c = Collector()
+    engine.submit(prompt, dict(max_new_tokens=max_new_tokens, eos_token_id=[]), 1, c)
+    c.wait()
+    engine.wait_idle(TIMEOUT)
+    assert c.tokens[0] == generate_alone(model, prompt, max_new_tokens, eos=[])
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("llama")
@@ -208,11 +217,7 @@ def test_a_failing_request_fails_alone(model):
         assert isinstance(collectors[1].error, RuntimeError) and "injected" in str(collectors[1].error)
         assert collectors[0].tokens[0] == generate_alone(model, prompts[0], 5, eos=[])
         assert collectors[2].tokens[0] == generate_alone(model, prompts[2], 6, eos=[])
-        again = Collector()
-        engine.submit(prompts[1], dict(max_new_tokens=4, eos_token_id=[]), 1, again)
-        again.wait()
-        engine.wait_idle(TIMEOUT)
-        assert again.tokens[0] == generate_alone(model, prompts[1], 4, eos=[])
+        _answers_as_generate(engine, model, prompts[1], 4)
     finally:
         engine.close(10)
 
@@ -236,11 +241,7 @@ def test_a_failing_forward_fails_the_row_and_the_engine_goes_on(model, monkeypat
         first = Collector()
         engine.submit(prompt, dict(max_new_tokens=5, eos_token_id=[]), 1, first)
         assert "device lost" in str(first.wait().error)
-        second = Collector()
-        engine.submit(prompt, dict(max_new_tokens=5, eos_token_id=[]), 1, second)
-        second.wait()
-        engine.wait_idle(TIMEOUT)
-        assert second.tokens[0] == generate_alone(model, prompt, 5, eos=[])
+        _answers_as_generate(engine, model, prompt, 5)
     finally:
         engine.close(10)
 
@@ -260,12 +261,7 @@ def test_bad_requests_are_refused_alone(model):
             c = Collector()
             engine.submit(prompt, options, 1, c)
             assert isinstance(c.wait().error, (ValueError, TypeError, NotImplementedError)), (prompt, options)
-        ok = Collector()
-        prompt = random_tokens(10, gen)
-        engine.submit(prompt, dict(max_new_tokens=3, eos_token_id=[]), 1, ok)
-        ok.wait()
-        engine.wait_idle(TIMEOUT)
-        assert ok.tokens[0] == generate_alone(model, prompt, 3, eos=[])
+        _answers_as_generate(engine, model, random_tokens(10, gen), 3)
     finally:
         engine.close(10)
 

@@ -7,12 +7,11 @@ as a reader would paste them, with `load_smollm2` returning the session's SmolLM
 
 from __future__ import annotations
 
-import contextlib
-import io
 import re
 
 import pytest
 
+from tests.helpers.blocks import fenced_blocks, run_blocks
 from tests.helpers.project import ROOT
 
 README = ROOT / "README.md"
@@ -21,12 +20,7 @@ NEEDS = {'device_map="cuda"': "needs a GPU and the hub", "load_dataset(": "needs
 
 def blocks(language: str) -> list[str]:
     """The README's fenced code blocks in `language`, in order."""
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def expected_output(block: str) -> list[str]:
-    """What the block's `# ->` comments say it prints, a line each, in order."""
-    return [line.split("# -> ", 1)[1] for line in block.splitlines() if "# -> " in line]
+    return fenced_blocks(README, language)
 
 
 def test_the_first_command_installs_what_the_demo_needs_and_the_second_what_the_tests_need():
@@ -56,17 +50,9 @@ def test_the_cpu_only_torch_command_is_given_beside_the_default():
 @pytest.mark.slow
 def test_every_python_block_runs_and_prints_what_it_says(smollm2, monkeypatch):
     monkeypatch.setattr("hf_parallel.load_smollm2", lambda *a, **k: smollm2)
-    namespace: dict = {}
-    ran = 0
-    for i, block in enumerate(blocks("python")):
-        if any(marker in block for marker in NEEDS):
-            continue  # test_the_blocks_skipped_need_the_hub_or_a_gpu says which and why
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            exec(compile(block, f"README.md python block {i}", "exec"), namespace)
-        assert printed.getvalue().splitlines() == expected_output(block), f"block {i}:\n{block}"
-        ran += 1
-    assert ran >= 2
+    # test_the_blocks_skipped_need_the_hub_or_a_gpu says which are skipped and why
+    runnable = [(i, b) for i, b in enumerate(blocks("python")) if not any(marker in b for marker in NEEDS)]
+    assert run_blocks(runnable, "README.md") >= 2
 
 
 def test_the_blocks_skipped_need_the_hub_or_a_gpu():
