@@ -237,12 +237,6 @@ class PrefixTree(RowContents):
         self._detach(min(leaves, key=_last_use))
         return True
 
-    def seal(self, node: Node) -> None:
-        """Let no later prompt run into `node` (its recurrent state is gone)."""
-        siblings = node.parent.by_token
-        if siblings.get(node.tokens[0] if node.tokens else None) is node:
-            del siblings[node.tokens[0]]
-
     def nodes(self) -> list[Node]:
         """Every resident node in pre-order (roots, and each node's children, by slot: they are kept sorted)."""
         out, stack = [], self.root.children[::-1]
