@@ -13,7 +13,7 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_triton    hf_parallel's default: Triton stream-id kernel (own tiles where "auto" picks them), CUDA graphs, the
                layers' norms and rotary embedding compiled
   pp_unfused   pp_triton with nothing compiled (`compile=False`: the ablation of the layers' compiled parts)
-  pp_norms_only  pp_triton with the norms compiled but not the rotary embedding (its ablation)
+  pp_norms_only  pp_triton with the norms compiled but not the rotary embedding (`Tuning(fuse_rotary=False)`)
   pp_own_off, pp_own_serial, pp_own_overlap  decode with `TritonBackend(own_tiles=...)` set, not "auto": None (one
                plan), or each stream's own keys in small tiles after the packed tiles' launch or beside it on a
                second CUDA stream
@@ -22,18 +22,19 @@ the seed; question i is "Summarize the main point of paragraph i."; answers are 
   pp_interleaved  the reference paper's interleaved layout (ablation)
   pp_triton_compiled  pp_triton with the decode step compiled (`compile=True`: the model's own small
                operations fused, the kernel an opaque op), compilation in the untimed warm-up
-  pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (ablation)
+  pp_ungrouped pp_triton with every projection its own GEMM, not q|k|v as one (`Tuning(group_projections=False)`)
   pp_prefill_apart  pp_triton with a prefill chunk's q, k and v each a tensor of its own, not columns of one
-               output (ablation)
-  pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write (ablation)
-  pp_synced    pp_triton with the decode loop reading each step's live count at once, not one step late (ablation)
-  pp_prefill_synced  pp_triton with the host waiting for each prefill forward before launching the next, not
-               launching them all with their inputs readied on the device first (ablation)
+               output (`Tuning(prefill_columns=False)`)
+  pp_index_copy  pp_triton with the cache's K/V written by `index_copy_`, not the Triton write
+               (`Tuning(triton_writes=False)`)
+  pp_synced    pp_triton with each round's tokens read at once, not one round late (`Tuning(read_late=False)`)
   pp_every_dim_dynamic  pp_triton with the layers' compiled parts compiled with every dimension dynamic
-               (`dynamic=True`), not only the token count (ablation)
+               (`dynamic=True`), not only the token count (`Tuning(static_widths=False)`)
   pp_kernel_prefill  pp_triton with the document's prefill through the kernel rather than causal SDPA (ablation)
   pp_own_launch_wide  pp_triton with the own plan launched with at least 2 KV splits and 8 warps, the best of
-               `diagnostics/gpu_kernel_check.py --own` in isolation (ablation)
+               `diagnostics/gpu_kernel_check.py --own` in isolation (`TritonBackend(launch_config=...)`)
+  pp_every_block_masked  pp_triton with the kernel masking every KV block, not only those some row sees in part
+               (`TritonBackend(launch_config=...)`)
   generate_batch  Transformers' continuous batching: `model.generate_batch` on every prompt, paged attention with
                prefix block sharing on (`--generate-batch extrapolate`, the default: timed at 4 and 16 answer
                tokens after an untimed run, extended linearly; `full`: every token)
@@ -52,7 +53,6 @@ row count is generated in full and timed, and each chunk counted at its row coun
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gc
 import gzip
@@ -62,22 +62,16 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from unittest import mock
 
 import torch
 import transformers
 
-from hf_parallel import Session, generate_tokens
+from hf_parallel import Session, Tuning, generate_tokens
 from hf_parallel.attention import launcher
 from hf_parallel.attention.triton import TritonBackend
-from hf_parallel.engine.core import EngineCore
 from hf_parallel.engine.generate import generate_layout
-from hf_parallel.models import compiled_parts, projections
 from hf_parallel.models.checks import cache_keyword
-from hf_parallel.models.compiled_parts import FUNCTION
-from hf_parallel.row import cache as packed_cache
 from hf_parallel.row.layout import build_layout
-from hf_parallel.runner.probe import check_support
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
@@ -95,87 +89,29 @@ SHAPES = {  # random bf16 weights with real shapes: timing does not depend on we
 }  # fmt: skip
 
 
-@contextlib.contextmanager
-def wide_own_launch():
+def wide_own_launch(query, key, tiles, own: bool) -> launcher.KernelConfig:
     """The own plan launched with at least 2 KV splits and 8 warps (16-bit), the best of
-    `diagnostics/gpu_kernel_check.py --own` in isolation: the ablation of `own_launch_config`."""
-    saved = launcher.own_launch_config
-
-    def wide(query, key, own):
-        cfg = saved(query, key, own)
-        if query.dtype == torch.float32:
-            return cfg
-        return launcher.KernelConfig(cfg.block_n, max(2, cfg.num_splits), 8, cfg.num_stages)
-
-    launcher.own_launch_config = wide
-    try:
-        yield
-    finally:
-        launcher.own_launch_config = saved
+    `diagnostics/gpu_kernel_check.py --own` in isolation: the ablation of `launcher.own_launch_config`
+    (`TritonBackend(launch_config=...)`)."""
+    if not own:
+        return launcher.default_config(query, key, tiles)
+    cfg = launcher.own_launch_config(query, key, tiles)
+    if query.dtype == torch.float32:
+        return cfg
+    return launcher.KernelConfig(cfg.block_n, max(2, cfg.num_splits), 8, cfg.num_stages)
 
 
-def ungrouped():
-    """Every projection its own GEMM: the ablation of `hf_parallel.models.projections` (q|k|v as one)."""
-    return mock.patch.object(projections, "SIBLINGS", ())
-
-
-def prefill_apart():
-    """A prefill chunk's q, k and v (an input wider than `projections.MOST_ROWS`) each a tensor of its own, not
-    columns of one output: the ablation of `projections.ProjectionGroup.outputs`' writes (the rotary embedding then
-    compiles a second graph, for the decode steps' strides)."""
-    outputs = projections.ProjectionGroup.outputs
-
-    def apart(self, x):
-        if projections.one_gemm(x):
-            return outputs(self, x)
-        return [torch.nn.functional.linear(x, m.weight, m.bias) for m in self.members]
-
-    return mock.patch.object(projections.ProjectionGroup, "outputs", apart)
-
-
-@contextlib.contextmanager
-def every_block_masked():
+def every_block_masked(query, key, tiles, own: bool) -> launcher.KernelConfig:
     """The kernel masking every KV block, the ones every row sees whole too: the ablation of
-    `KernelConfig.whole_blocks`."""
-    saved = launcher.default_config
-
-    def masked(query, key, tiles):
-        return replace(saved(query, key, tiles), whole_blocks=False)
-
-    launcher.default_config = masked
-    try:
-        yield
-    finally:
-        launcher.default_config = saved
+    `KernelConfig.whole_blocks` (`TritonBackend(launch_config=...)`)."""
+    cfg = (launcher.own_launch_config if own else launcher.default_config)(query, key, tiles)
+    return replace(cfg, whole_blocks=False)
 
 
-def index_copy_writes():
-    """The cache's K/V written by `index_copy_`: the ablation of the Triton write (`hf_parallel.row.cache`)."""
-    return mock.patch.object(packed_cache, "cache_write", None)
-
-
-def synced_rounds():
-    """Each round's tokens read at once (the host waits for the GPU before it queues the next round): the ablation
-    of `EngineCore.read_late`."""
-    return mock.patch.object(EngineCore, "read_late", False)
-
-
-@contextlib.contextmanager
-def every_dim_dynamic():
-    """The layers' parts compiled with every dimension dynamic, their own graphs: the ablation of
-    `hf_parallel.models.compiled_parts`'s static widths."""
-    with (
-        mock.patch.object(compiled_parts, "DYNAMIC", True),
-        mock.patch.object(compiled_parts.CompiledPart, "compiled", {}),
-    ):
-        yield
-
-
-METHODS = {  # generate_tokens options, whether the layout is the paper's interleaved one (an ablation), and the
-    # context each run goes through (default: none)
+METHODS = {  # generate_tokens options, and whether the layout is the paper's interleaved one (an ablation)
     "pp_triton": (dict(attn="triton"), False),
     "pp_unfused": (dict(attn="triton", compile=False), False),
-    "pp_norms_only": (dict(attn="triton", fuse_rotary=False), False),
+    "pp_norms_only": (dict(attn="triton", tuning=Tuning(fuse_rotary=False)), False),
     "pp_reference": (dict(attn="reference"), False),
     "pp_p1": (dict(attn=TritonBackend(streams_per_tile=1, own_tiles=None)), False),
     "pp_own_off": (dict(attn=TritonBackend(own_tiles=None)), False),
@@ -186,13 +122,13 @@ METHODS = {  # generate_tokens options, whether the layout is the paper's interl
     "pp_interleaved": (dict(attn="triton"), True),
     "pp_triton_compiled": (dict(attn="triton", compile=True), False),
     "pp_kernel_prefill": (dict(attn=TritonBackend(causal_prefill=False)), False),
-    "pp_own_launch_wide": (dict(attn="triton"), False, wide_own_launch),
-    "pp_every_block_masked": (dict(attn="triton"), False, every_block_masked),
-    "pp_ungrouped": (dict(attn="triton"), False, ungrouped),
-    "pp_prefill_apart": (dict(attn="triton"), False, prefill_apart),
-    "pp_index_copy": (dict(attn="triton"), False, index_copy_writes),
-    "pp_synced": (dict(attn="triton"), False, synced_rounds),
-    "pp_every_dim_dynamic": (dict(attn="triton"), False, every_dim_dynamic),
+    "pp_own_launch_wide": (dict(attn=TritonBackend(launch_config=wide_own_launch)), False),
+    "pp_every_block_masked": (dict(attn=TritonBackend(launch_config=every_block_masked)), False),
+    "pp_ungrouped": (dict(attn="triton", tuning=Tuning(group_projections=False)), False),
+    "pp_prefill_apart": (dict(attn="triton", tuning=Tuning(prefill_columns=False)), False),
+    "pp_index_copy": (dict(attn="triton", tuning=Tuning(triton_writes=False)), False),
+    "pp_synced": (dict(attn="triton", tuning=Tuning(read_late=False)), False),
+    "pp_every_dim_dynamic": (dict(attn="triton", tuning=Tuning(static_widths=False)), False),
 }
 
 
@@ -248,31 +184,21 @@ def generate(model, prompts, max_new_tokens: int, options: dict, interleaved: bo
     """`generate_tokens` as a user calls it, its input checks and memory plan included (the interleaved layout, an
     ablation it does not take, through `generate_layout`); a `Session` keeps the row (and its captured rounds)
     between the warm-up and the timed runs."""
-    options = dict(options)
-    fuse_rotary = options.pop("fuse_rotary", True)
-    options.update(max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192, progress=False)
-    profile = check_support(model)
-    parts = profile.fusable
-    if not fuse_rotary:  # the ablation: the norms compiled, the rotary embedding as the model runs it
-        profile.fusable = [p for p in parts if not p.startswith(FUNCTION)]
-    try:
-        if not interleaved:
-            return generate_tokens(model, prompts, session=session, **options)
-        return generate_layout(model, build_layout(prompts, max_new_tokens, interleaved), session=session, **options)
-    finally:
-        profile.fusable = parts
+    options = dict(options, max_new_tokens=max_new_tokens, eos_token_id=[], prefill_chunk=8192, progress=False)
+    if not interleaved:
+        return generate_tokens(model, prompts, session=session, **options)
+    return generate_layout(model, build_layout(prompts, max_new_tokens, interleaved), session=session, **options)
 
 
 SESSIONS: dict = {}  # model -> its Session: one row kept between a method's runs, released by free_memory
 
 
 def run_pp(model, prompts, work: Workload, method: tuple, repeats: int = 2) -> dict:
-    options, interleaved, context = (*method, contextlib.nullcontext)[:3]
+    options, interleaved = method
     session = SESSIONS.setdefault(id(model), Session(model))
 
     def run(n):
-        with context():
-            return generate(model, prompts, n, options, interleaved, session)
+        return generate(model, prompts, n, options, interleaved, session)
 
     warmup_s, _ = timed(lambda: run(work.answer_tokens))  # kernels, graph capture (and compilation) at full size
     prefill_s = min(timed(lambda: run(1))[0] for _ in range(repeats))

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .attention import AttentionBackend  # noqa: F401
     from .attention.reference import ReferenceBackend  # noqa: F401
     from .attention.triton import TritonBackend  # noqa: F401
-    from .decoding.options import GenerationOptions  # noqa: F401
+    from .decoding.options import GenerationOptions, Tuning  # noqa: F401
     from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
     from .engine.serving import Engine  # noqa: F401
     from .frontends.corpus import CorpusAnswer, answer_corpus  # noqa: F401
@@ -47,6 +47,7 @@ _SOURCES = {  # each public name and the module that defines it
     "render_prompt": ".frontends.prompting",
     "render_prompts": ".frontends.prompting",
     "GenerationOptions": ".decoding.options",
+    "Tuning": ".decoding.options",
     "AttentionBackend": ".attention",
     "ReferenceBackend": ".attention.reference",
     "TritonBackend": ".attention.triton",  # needs triton

@@ -10,6 +10,7 @@ Each layer's attention runs through the launcher (`hf_parallel.attention.launche
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import torch
 from ..kernels import prebuild
 from ..row.plan import AttentionPlan, Row
 from .backend import AttentionBackend, AttentionCall
-from .launcher import compiled_stream_attention, stream_attention
+from .launcher import KernelConfig, compiled_stream_attention, stream_attention
 from .reference import check_attention_call, plan_on
 from .tiles import MIN_CAUSAL_RUN, MIN_DOT_ROWS, CausalRun, TilePlan, build_tile_plan, causal_runs, segment_table
 
@@ -92,6 +93,10 @@ class TritonBackend(AttentionBackend):
         `OWN_TILES_MIN_ANSWER` tokens and at most 2 query heads per KV head, else None (one plan: with short
         answers or many query heads per KV head the second launch costs more than it saves; docs/benchmarks/kernel.md,
         "Own keys in tiles of their own").
+    launch_config: a function `(query, key, tiles, own) -> KernelConfig` that chooses each launch's parameters
+        (`own`: the launch of the own plan), for measuring other launches than the defaults; None (the default):
+        `launcher.default_config` and `launcher.own_launch_config`.  Not taken inside a compiled step
+        (`compile=True`), which then runs uncompiled.
     Raises ValueError for a `streams_per_tile` or `min_causal_run` below 1, or an unknown `own_tiles`.
     """
 
@@ -104,6 +109,7 @@ class TritonBackend(AttentionBackend):
         causal_prefill: bool = True,
         own_tiles: str | None = "auto",
         min_causal_run: int = MIN_CAUSAL_RUN,
+        launch_config: Callable[[torch.Tensor, torch.Tensor, TilePlan, bool], KernelConfig] | None = None,
     ):
         if streams_per_tile is not None and streams_per_tile < 1:
             raise ValueError(f"streams_per_tile must be >= 1, got {streams_per_tile}")
@@ -113,6 +119,7 @@ class TritonBackend(AttentionBackend):
         if own_tiles not in ("auto", "overlap", "serial", None):
             raise ValueError(f"own_tiles must be 'auto', 'overlap', 'serial' or None, got {own_tiles!r}")
         self.streams_per_tile, self.causal_prefill, self.own_tiles = streams_per_tile, causal_prefill, own_tiles
+        self.launch_config = launch_config
 
     def attention(
         self,
@@ -138,6 +145,8 @@ class TritonBackend(AttentionBackend):
         sinks = kwargs.get("s_aux")
         overlap = self.own_tiles != "serial"
         if torch.compiler.is_compiling():  # inside torch.compile: the kernel as one opaque op
+            if self.launch_config is not None:
+                raise ValueError("TritonBackend(launch_config=...) is not taken inside a compiled step")
             plan = pp_plan
             out = compiled_stream_attention(
                 query, key, value, plan, plan.tiles, plan.own_tiles, scaling, sliding_window, softcap, sinks, overlap
@@ -145,16 +154,22 @@ class TritonBackend(AttentionBackend):
             return out, None
         return self._attend(query, key, value, pp_plan, scaling, sliding_window, softcap, sinks, overlap), None
 
-    @staticmethod
     def _attend(
-        query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap, runs: bool = True
+        self, query, key, value, plan: TritonPlan, scaling, window, softcap, sinks, overlap, runs: bool = True
     ) -> torch.Tensor:
         """The layer's attention over `plan` (runs=False: its causal runs left out, so only the kernel's launches)."""
+        choose, own = self.launch_config, plan.own_tiles
         if plan.runs and window is None and softcap is None and sinks is None:
-            return stream_attention(query, key, value, plan, plan.run_tiles, scaling, runs=plan.runs if runs else ())
+            config = choose(query, key, plan.run_tiles, False) if choose is not None else None
+            return stream_attention(
+                query, key, value, plan, plan.run_tiles, scaling, config=config, runs=plan.runs if runs else ()
+            )
+        config = choose(query, key, plan.tiles, False) if choose is not None else None
+        own_config = choose(query, key, own, True) if choose is not None and own is not None else None
         return stream_attention(
-            query, key, value, plan, plan.tiles, scaling, window, softcap, sinks, own=plan.own_tiles, overlap=overlap
-        )
+            query, key, value, plan, plan.tiles, scaling, window, softcap, sinks, config=config, own=own,
+            overlap=overlap, own_config=own_config,
+        )  # fmt: skip
 
     def plan(self, row: Row, q_slot: torch.Tensor, kv_len: int | None = None) -> TritonPlan:
         host = q_slot.cpu()  # once for every planner below, which read the slots on the host (pass host slots)
@@ -204,7 +219,7 @@ class TritonBackend(AttentionBackend):
 
     @property
     def graph_key(self) -> tuple:
-        return (self.name, self.streams_per_tile, self.own_tiles)
+        return (self.name, self.streams_per_tile, self.own_tiles, self.launch_config)
 
 
 def own_streams_per_tile(group: int) -> int:

@@ -37,6 +37,7 @@ OWN = (
     "progress",
     "adaptive_drafts",
     "assistant_model",
+    "tuning",
 )
 GENERATE_ARGUMENTS = ("generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
 CONFIG_FIELDS = frozenset(k for k in vars(GenerationConfig()) if not k.startswith("_")) - {"transformers_version"}
@@ -63,6 +64,39 @@ REFUSED_ARGUMENTS = (
     "trust_remote_code",
 )
 OUTPUTS = ("return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How fast the packed row runs, not what it computes: each choice is on by default, and turning one off
+    measures what it gains (the ablations of `eval/bench.py`; docs/benchmarks/gpu.md, "Ablations on the grid").
+    An answer stays what `model.generate` writes either way, up to the rounding of other 16-bit kernels.
+
+    group_projections: on a GPU running the whole model, an attention module's q, k and v projections as one GEMM
+                       (`hf_parallel.models.projections`); False: each its own.
+    prefill_columns:   a grouped prefill chunk's q, k and v written as columns of one output, strided as a decode
+                       step's, so the compiled rotary embedding compiles one graph for both; False: each a tensor
+                       of its own (a second graph).
+    fuse_rotary:       where the layers' parts are compiled (`compile`), the rotary embedding among them; False: the
+                       norms only.
+    static_widths:     the compiled parts' widths static and only the token count dynamic; False: torch.compile's
+                       `dynamic=True`, every dimension dynamic (graphs of their own).
+    triton_writes:     on a GPU, the cache's new K/V written by one Triton launch a layer; False: `index_copy_`.
+    read_late:         a round's chosen tokens read on the host a round late, while the next round runs; False:
+                       each read at once, the host waiting for the GPU before it queues the next round.
+    """
+
+    group_projections: bool = True
+    prefill_columns: bool = True
+    fuse_rotary: bool = True
+    static_widths: bool = True
+    triton_writes: bool = True
+    read_late: bool = True
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if not isinstance(value, bool):
+                raise TypeError(f"Tuning.{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 @dataclass
@@ -104,6 +138,7 @@ class GenerationOptions:
                        drafts (generate's `assistant_model`), up to `num_assistant_tokens` (generate's
                        default 20) a forward; it decodes a packed row of its own, the shared prefixes
                        computed once.
+    tuning:            the row's speed choices (`Tuning`), each on by default; turning one off is an ablation.
     """
 
     generate: GenerateArgs = field(default_factory=GenerateArgs)
@@ -121,6 +156,7 @@ class GenerationOptions:
     speculation: Speculation | None = None
     adaptive_drafts: bool = True
     assistant_model: object = None
+    tuning: Tuning = field(default_factory=Tuning)
 
     def __post_init__(self):
         if self.compile is None:  # unset, as generate's None: the default
@@ -319,6 +355,8 @@ def _check_types(opts: GenerationOptions) -> None:
         raise TypeError(f"compile must be True, False, 'auto' or 'layers', got {opts.compile!r}")
     if opts.max_memory is not None:
         parse_memory(opts.max_memory)  # a TypeError or ValueError naming max_memory
+    if not isinstance(opts.tuning, Tuning):
+        raise TypeError(f"tuning must be an hf_parallel.Tuning, got {type(opts.tuning).__name__}")
     if not isinstance(opts.attn, (str, AttentionBackend)):
         raise TypeError(f"attn must be a string or an AttentionBackend, got {type(opts.attn).__name__}")
     config = opts.generate.generation_config

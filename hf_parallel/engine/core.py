@@ -70,8 +70,6 @@ class EngineCore:
     built on threads beside the first round's host work (`ModelRunner.prebuild`).
     """
 
-    read_late = True  # rounds are read a round late (False: each at once, the host waiting for it: an ablation)
-
     def __init__(
         self,
         model: PreTrainedModel,
@@ -84,6 +82,7 @@ class EngineCore:
         prebuild: int = 0,
     ):
         self.runner, self.assistant, self.isolate, self.device = runner, assistant, isolate, runner.device
+        self.read_late = runner.opts.tuning.read_late  # False: each round read at once (`Tuning.read_late`)
         self.scheduler = Scheduler(model, policy, chunk, runner.device, runner.profile.recurrent, lanes, assistant)
         self.lagged: Output | None = None
         self.stats = Stats()

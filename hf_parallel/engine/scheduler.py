@@ -21,7 +21,7 @@ from ..row.contents import PromptChunk
 from ..row.layout import Layout
 from ..row.plan import upload
 from ..runner.graphs import bucket
-from ..runner.model_runner import ForwardInputs
+from ..runner.model_runner import ForwardInputs, next_signature
 from .drafts import LookupDrafter
 from .groups import ChoiceGroup, GreedyGroup, ProcessedGroup, ScoreGroup
 from .policies import AdmissionPolicy
@@ -60,7 +60,7 @@ class Scheduler:
         self.recurrent, self.lane_count = recurrent, lanes
         self.lanes = list(range(lanes - 1, -1, -1)) if recurrent else []
         self.start_states: list[tuple[int, int]] = []  # (lane, state key) to copy after the next forward
-        self.version, self.mixed = 0, 0  # the decode queries' version; rounds of other queries, counted down
+        self.version = next_signature()  # the decode queries' signature, new whenever they change
 
     def schedule(self, keep_stopped: bool) -> Round | None:
         """The next round, None where there is nothing to feed; `keep_stopped`: stopped streams may stay fed (`retire`).
@@ -72,7 +72,7 @@ class Scheduler:
         contents, layout = self.policy.contents, None
         if contents.dirty:
             layout = contents.snapshot()
-            self.version += 1
+            self.version = next_signature()
         chunk = contents.prefill(self.chunk)
         prompt_slots, prompt_tokens, joining = self._joining(contents, chunk)
         feeds = {id(g): g.feed() for g in self.groups}
@@ -95,13 +95,11 @@ class Scheduler:
         if len(prompt_slots):
             ids.append(upload(torch.from_numpy(prompt_tokens), self.device))
         decode_only = not len(prompt_slots) and not any(g.drafts for g in self.groups if feeds[id(g)] is not None)
-        if not decode_only:
-            self.mixed -= 1
         inputs = ForwardInputs(
             slots,
             torch.cat(ids) if len(ids) > 1 else ids[0],
             None if len(keep) == len(slots) and (keep == np.arange(len(slots))).all() else keep,
-            self.version if decode_only else self.mixed,
+            self.version if decode_only else None,  # other queries: a plan of their own each round
             len(prompt_slots),
             self._segment_runs(chunk, n_fed) if self.recurrent else None,
         )
@@ -212,7 +210,7 @@ class Scheduler:
             gone = full[id(group)] | (ended[id(group)] & (not keep_stopped))
             if gone.any():
                 group.drop(~gone)
-                self.version += 1
+                self.version = next_signature()
         self.groups = [g for g in self.groups if g.streams or g.joining or isinstance(g, GreedyGroup)]
         still_fed = {s.key for g in self.groups for s in g.streams}
         for stream in [s for s in self.live.values() if s.status in ENDED and s.key not in still_fed]:
@@ -263,7 +261,7 @@ class Scheduler:
         self.scores = ScoreGroup(self.device)
         self.lanes = list(range(self.lane_count - 1, -1, -1)) if self.recurrent else []
         self.policy.reset()
-        self.version += 1
+        self.version = next_signature()
 
 
 def _let_go(request: Request) -> None:

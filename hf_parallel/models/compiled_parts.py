@@ -39,7 +39,6 @@ from torch._inductor import config as inductor_config
 from ..compat.transformers_internals import ROTARY, forward_with_global, rotary_function, runs_as_written, set_forward
 
 OPTIONS = {"emulate_precision_casts": True}
-DYNAMIC = None  # torch.compile's `dynamic`: Dynamo's own choice, with the token count marked (`token_dims`)
 RECOMPILE_LIMIT = 64  # graphs per compiled function (a whole-model step compiles at most three, a part one per
 # shape of its weights: a process that runs models of many shapes recompiles)
 
@@ -118,20 +117,25 @@ class CompiledPart:
     again (with one warning) if compiling fails."""
 
     failed: set = set()  # classes and functions whose compilation failed in this process
-    compiled: dict = {}
+    compiled: dict = {}  # (class or function, every_dim_dynamic) -> its compiled function
 
-    def __init__(self, module: nn.Module | None = None, function=None, name: str | None = None):
+    def __init__(
+        self, module: nn.Module | None = None, function=None, name: str | None = None, every_dim_dynamic: bool = False
+    ):
         """A norm `module` (its class's forward compiled, once per class), or a `function` (compiled once; a
-        function or `kernels`' module of one) named `name`."""
+        function or `kernels`' module of one) named `name`.  Only the token count is dynamic (`token_dims`), the
+        widths static; with `every_dim_dynamic`, torch.compile's `dynamic=True` (graphs of their own)."""
         self.module = module
         self.key = type(module) if module is not None else function  # one compiled function per class
         self.name = type(module).__name__ if module is not None else name
         self.eager = module.forward if module is not None else function
-        if self.key not in CompiledPart.compiled:  # Dynamo caches on the code, guards on shapes
+        compiled = (self.key, every_dim_dynamic)
+        if compiled not in CompiledPart.compiled:  # Dynamo caches on the code, guards on shapes
             compiler_imported()
             code = self.key.forward if module is not None else function
-            CompiledPart.compiled[self.key] = torch.compile(code, dynamic=DYNAMIC, options=OPTIONS)
-        self.fn = CompiledPart.compiled[self.key]
+            dynamic = True if every_dim_dynamic else None  # None: Dynamo's choice, with the token count marked
+            CompiledPart.compiled[compiled] = torch.compile(code, dynamic=dynamic, options=OPTIONS)
+        self.fn = CompiledPart.compiled[compiled]
 
     def __call__(self, *args, **kwargs):
         key = self.key
@@ -175,12 +179,13 @@ def token_dims(rotary: bool, args: tuple, kwargs: dict) -> list[tuple[torch.Tens
 
 
 @contextlib.contextmanager
-def fused(model: nn.Module, parts: list[str]):
+def fused(model: nn.Module, parts: list[str], every_dim_dynamic: bool = False):
     """For the block: each part in `parts` runs compiled: a module's forward (an instance attribute, removed
     after); a function, through a forward of its own given to each module of `model` whose forward calls it (taken
     back after: the modeling module and other models are not touched).  Left alone: a norm whose forward is already
     its own (a hook's), and a module calling the function whose forward is its own other than through accelerate's
-    hook (`compat.transformers_internals.set_forward`; an enclosing block's, say)."""
+    hook (`compat.transformers_internals.set_forward`; an enclosing block's, say).  `every_dim_dynamic`: as
+    `CompiledPart`'s."""
     modules = [model.get_submodule(name) for name in parts if not name.startswith(FUNCTION)]
     modules = [m for m in modules if "forward" not in vars(m)]  # a forward of its own (a hook's): left alone
     # the modeling modules whose rotary function runs compiled (the one function part there is), and its compiled
@@ -189,12 +194,12 @@ def fused(model: nn.Module, parts: list[str]):
     undo, forwards = [], {}
     try:
         for module in modules:
-            module.forward = CompiledPart(module)
+            module.forward = CompiledPart(module, every_dim_dynamic=every_dim_dynamic)
             undo.append(functools.partial(delattr, module, "forward"))
         for module in model.modules() if functions else ():
             cls = type(module)
             if cls.__module__ in functions and cls not in forwards:  # one rebuilt forward per class
-                forwards[cls] = _compiled_rotary_forward(cls, functions)
+                forwards[cls] = _compiled_rotary_forward(cls, functions, every_dim_dynamic)
             restore = set_forward(module, forwards[cls]) if forwards.get(cls) is not None else None
             if restore is not None:
                 undo.append(restore)
@@ -205,14 +210,14 @@ def fused(model: nn.Module, parts: list[str]):
             restore()
 
 
-def _compiled_rotary_forward(cls: type, functions: dict):
+def _compiled_rotary_forward(cls: type, functions: dict, every_dim_dynamic: bool):
     """`cls.forward` calling the compiled rotary function of its modeling module (made once, kept in `functions` by
     the module's name); None where its forward calls none, or cannot be rebuilt."""
     function = rotary_function(cls)
     if function is None:
         return None
     if functions[cls.__module__] is None:
-        functions[cls.__module__] = CompiledPart(function=function, name=ROTARY)
+        functions[cls.__module__] = CompiledPart(function=function, name=ROTARY, every_dim_dynamic=every_dim_dynamic)
     return forward_with_global(cls, ROTARY, functions[cls.__module__])
 
 

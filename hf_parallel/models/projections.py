@@ -36,8 +36,9 @@ MOST_ROWS = 256  # inputs of more rows run each member's own GEMM: a wide prefil
 class ProjectionGroup:
     """Members [nn.Linear] whose weights (and biases) are adjacent row slices of one weight [O, I] (bias [O])."""
 
-    def __init__(self, members: list[nn.Linear]):
-        self.members = members
+    def __init__(self, members: list[nn.Linear], columns: bool = True):
+        """`columns`: a wide input's outputs as columns of one tensor (`outputs`); False: each a tensor of its own."""
+        self.members, self.columns = members, columns
         self.sizes = [m.out_features for m in members]
         self.weight = _joined([m.weight for m in members])
         self.bias = _joined([m.bias for m in members]) if members[0].bias is not None else None
@@ -61,9 +62,11 @@ class ProjectionGroup:
     def outputs(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every member's output on `x`, each a column slice of one [..., O] tensor: one GEMM over the group's
         weight, or for an input of more than `MOST_ROWS` rows each member's own GEMM into its columns (with biases,
-        into a tensor of its own, then copied there)."""
+        into a tensor of its own, then copied there; without `columns`, each output a tensor of its own)."""
         if one_gemm(x):
             return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))
+        if not self.columns:
+            return [F.linear(x, m.weight, m.bias) for m in self.members]
         if self.bias is not None or x.dtype != self.weight.dtype or torch.is_autocast_enabled(x.device.type):
             # `addmm` into a column slice adds the bias apart from cuBLAS's epilogue: other roundings, and slower than
             # `F.linear` and a copy (docs/benchmarks/gpu.md, "The first call").  (`out=` takes no casts either.)
@@ -144,11 +147,11 @@ def _alike(members: list[nn.Linear]) -> bool:
 
 
 @contextlib.contextmanager
-def grouped(model: nn.Module, enabled: bool = True):
+def grouped(model: nn.Module, enabled: bool = True, columns: bool = True):
     """For the block: each group of sibling projections in `model` computed by one GEMM (see the module's
-    docstring); with `enabled` false, nothing changes."""
+    docstring); with `enabled` false, nothing changes.  `columns`: as `ProjectionGroup`'s."""
     groups = (
-        [ProjectionGroup([getattr(parent, n) for n in names]) for parent, names in sibling_groups(model)]
+        [ProjectionGroup([getattr(parent, n) for n in names], columns) for parent, names in sibling_groups(model)]
         if enabled
         else []
     )

@@ -37,12 +37,12 @@ class PackedLayer(CacheLayerMixin):
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
 
-    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, plan: AttentionPlan):
-        """key_states, value_states [1, H_kv, N, D] written at `plan.q_slot` [N]; the keys and values of the leading
-        `plan.kv_len` slots, [1, H_kv, kv_len, D] views of the cache."""
+    def write(self, key_states: torch.Tensor, value_states: torch.Tensor, plan: AttentionPlan, triton: bool = True):
+        """key_states, value_states [1, H_kv, N, D] written at `plan.q_slot` [N] (`triton`: as `write_slots`'); the
+        keys and values of the leading `plan.kv_len` slots, [1, H_kv, kv_len, D] views of the cache."""
         if not self.is_initialized:
             PackedLayer.lazy_initialization(self, key_states, value_states)
-        write_slots(self.keys, self.values, plan.q_slot, key_states, value_states)
+        write_slots(self.keys, self.values, plan.q_slot, key_states, value_states, triton)
         return self.keys[:, :, : plan.kv_len], self.values[:, :, : plan.kv_len]
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -62,13 +62,19 @@ class PackedLayer(CacheLayerMixin):
 
 
 def write_slots(
-    keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: torch.Tensor,
+    key_states: torch.Tensor,
+    value_states: torch.Tensor,
+    triton: bool = True,
 ) -> None:
     """keys, values [1, H, S, D] at `slots` [N] <- key_states, value_states [1, H, N, D]: on CUDA one Triton launch
-    for both (`kernels.cache_write`), elsewhere (and inside torch.compile, which fuses its own) `index_copy_`."""
+    for both (`kernels.cache_write`), elsewhere (and inside torch.compile, which fuses its own, or without `triton`)
+    `index_copy_`."""
     tensors = (keys, values, key_states, value_states)
     plain = any(t.dtype != keys.dtype or t.stride(-1) != 1 for t in tensors) or key_states.shape[2] == 0
-    if cache_write is None or not key_states.is_cuda or torch.compiler.is_compiling() or plain:
+    if not triton or cache_write is None or not key_states.is_cuda or torch.compiler.is_compiling() or plain:
         keys.index_copy_(2, slots, key_states)
         values.index_copy_(2, slots, value_states)
         return
@@ -120,7 +126,8 @@ class PackedCache(Cache):
 
     kinds: per layer, "attention" or "hybrid" (K/V and a recurrent state).  Set `cache.plan` to the current
     forward's `AttentionPlan` before each forward, and `cache.segment_runs` where layers are recurrent;
-    `update` without a plan raises RuntimeError.  Each layer's K/V lives on the device of its keys, so a model
+    `update` without a plan raises RuntimeError.  `triton_writes` (default True): new K/V through `write_slots`'
+    Triton launch where it applies; False: `index_copy_`.  Each layer's K/V lives on the device of its keys, so a model
     placed over several devices keeps each layer's cache beside that layer.
     """
 
@@ -131,6 +138,7 @@ class PackedCache(Cache):
         self.num_slots = num_slots
         self.plan: AttentionPlan | None = None
         self.segment_runs: SegmentRuns | None = None
+        self.triton_writes = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Layer `layer_idx`'s `PackedLayer.write` under the current plan (on the keys' device); RuntimeError
@@ -140,7 +148,7 @@ class PackedCache(Cache):
         plan = self.plan
         if plan.device != key_states.device:  # a model placed over devices: this layer's (copied once per forward)
             plan = plan.to(key_states.device)
-        return self.layers[layer_idx].write(key_states, value_states, plan)
+        return self.layers[layer_idx].write(key_states, value_states, plan, self.triton_writes)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0

@@ -48,23 +48,23 @@ class CapturedRound:
     plan: StaticPlan  # the attention backend's buffers, rewritten when the queries change
     planned: object = None  # the signature of the queries the plan was written for (None: none yet)
 
-    def write(self, row: Row, q_slot: np.ndarray, tokens: torch.Tensor, signature: int) -> None:
+    def write(self, row: Row, q_slot: np.ndarray, tokens: torch.Tensor, signature: int | None) -> None:
         """This round's inputs (slots on the host), padded by repeating the last token (and, for queries of another
-        signature than the plan's, the plan: `ForwardInputs.signature`)."""
+        signature than the plan's, or of none, the plan: `ForwardInputs.signature`)."""
         n, b = len(tokens), len(self.tokens)
         padded = np.concatenate([q_slot, np.repeat(q_slot[-1:], b - n)])
         host = torch.from_numpy(padded)
         self.slots.copy_(upload(host, self.slots.device))
         self.tokens[:n].copy_(tokens)
         self.tokens[n:].copy_(tokens[-1:].expand(b - n))
-        if self.planned is None or signature != self.planned:
+        if signature is None or signature != self.planned:
             self.plan.update(row, host)
             self.planned = signature
 
 
 class RoundGraphs:
-    """Captured forwards keyed by (bucket, the backend's graph key), sharing one memory pool; `captures` counts
-    the captures made."""
+    """Captured forwards keyed by (bucket, the backend's graph key, the caller's variant: what else changes the
+    recorded forward), sharing one memory pool; `captures` counts the captures made."""
 
     def __init__(self):
         self.captured: dict[tuple, CapturedRound] = {}
@@ -73,11 +73,18 @@ class RoundGraphs:
         self.captures = 0
 
     def forward(
-        self, backend: AttentionBackend, row: Row, forward: Forward, q_slot: np.ndarray, tokens, signature: int
+        self,
+        backend: AttentionBackend,
+        row: Row,
+        forward: Forward,
+        q_slot: np.ndarray,
+        tokens,
+        signature: int | None,
+        variant: tuple = (),
     ):
         """Logits [B, V] of every token of the bucketed forward over `tokens` [n] at `q_slot` [n] (host), replayed
-        (captured first if need be); rows past n are padding."""
-        key = (bucket(len(tokens)), backend.graph_key)
+        (captured first if need be); rows past n are padding.  `signature`: `ForwardInputs.signature`."""
+        key = (bucket(len(tokens)), backend.graph_key, variant)
         cap = self.captured.get(key)
         if cap is not None:
             try:
@@ -91,13 +98,9 @@ class RoundGraphs:
         cap.graph.replay()
         return cap.logits
 
-    def invalidate(self) -> None:
-        """Forget which plan each captured round holds: its next replay writes its plan again (the row was laid out
-        anew, so a kept signature may name another layout's plan)."""
-        for cap in self.captured.values():
-            cap.planned = None
-
-    def _capture(self, plan: StaticPlan, row: Row, forward: Forward, q_slot, tokens, signature: int) -> CapturedRound:
+    def _capture(
+        self, plan: StaticPlan, row: Row, forward: Forward, q_slot, tokens, signature: int | None
+    ) -> CapturedRound:
         size, device = plan.bucket, tokens.device
         slots = torch.empty(size, dtype=torch.long, device=device)
         static_tokens = torch.empty(size, dtype=torch.long, device=device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -32,6 +33,14 @@ from .graphs import bucket
 from .patching import ModelProfile, use_model
 from .rows import RowKeeper, StaticRow
 
+_SIGNATURES = itertools.count()
+
+
+def next_signature() -> int:
+    """A `ForwardInputs.signature` no other forward of this process has had."""
+    return next(_SIGNATURES)
+
+
 CAPTURE_LIMIT = 1024  # tokens of the largest captured forward (its float32 logits: [B, V])
 CAPTURED_PROMPT = (
     255  # prompt tokens a captured forward may hold (runs of `attention.tiles.MIN_CAUSAL_RUN`: causal SDPA)
@@ -46,7 +55,9 @@ class ForwardInputs:
     tokens:  [N] int64 (the loop's device), each token's id.
     keep:    [K] int64 (host), the tokens whose logits return, in that order; None: every token, in order.
     signature: forwards of one signature differ in their queries only by each decoding stream moving on a
-             slot, which a captured plan serves as it is; another signature rewrites it.
+             slot, which a captured plan serves as it is; another signature (or None) rewrites it.  A signature
+             names one set of queries over one layout in the whole process (`next_signature`), so a row kept
+             between calls never replays a plan another call wrote under the same number.
     prompt_tokens: of the N, prompt tokens (a captured forward holds only a few).
     segment_runs: the split by segment, for layers with a recurrent state.
     """
@@ -54,7 +65,7 @@ class ForwardInputs:
     slots: np.ndarray
     tokens: torch.Tensor
     keep: np.ndarray | None = None
-    signature: int = -1
+    signature: int | None = None
     prompt_tokens: int = 0
     segment_runs: SegmentRuns | None = None
 
@@ -91,11 +102,14 @@ class ModelRunner:
             self.cache, capacity = self.static.cache, self.static.capacity
         else:
             self.cache = profile.cache(capacity)
+        self.cache.triton_writes = opts.tuning.triton_writes  # a kept row's cache: this call's choice
         self.capacity, self.group = capacity, query_group(model.config)
         self.row: Row | None = None
         self.cache_arg = cache_keyword(model)
         self.compile_failed = False
         self.fuses = fuses_layers(opts, captured, profile.recurrent)
+        # what a captured round records besides the backend's plan: a kept row's rounds replay only for the same
+        self.variant = (self.fuses, opts.compile, opts.tuning)
         # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
         self.groups = self.device.type == "cuda" and not where.eager_only and opts.compile is not True
@@ -108,14 +122,13 @@ class ModelRunner:
     def using_model(self):
         """`use_model` as this runner's forwards need it: its backend, and its layer parts fused and projections
         grouped where it decides so."""
-        return use_model(self.model, self.backend, self.profile, self.fuses, self.groups)
+        return use_model(self.model, self.backend, self.profile, self.fuses, self.groups, self.opts.tuning)
 
     def relayout(self, layout: Layout) -> None:
         """Lay the row out as `layout` (of at most `capacity` slots): the slot ids rewritten, the cache, its
         capacity and the captured rounds kept."""
         if self.static is not None:
             ids = self.static.load(layout)
-            self.static.graphs.invalidate()  # signatures are a core's own: a kept row's plans were another's
         else:
             ids = SlotIds(
                 *(upload(t, self.device) for t in (layout.slot_seg, layout.slot_pos, layout.seg_end, layout.seg_stop))
@@ -136,8 +149,9 @@ class ModelRunner:
             graphs = self.static.graphs
             try:
                 logits = graphs.forward(
-                    self.backend, self.row, self._graph_forward, inputs.slots, inputs.tokens, inputs.signature
-                )
+                    self.backend, self.row, self._graph_forward, inputs.slots, inputs.tokens, inputs.signature,
+                    self.variant,
+                )  # fmt: skip
                 return logits[:n] if inputs.keep is None else logits[upload(torch.from_numpy(inputs.keep), self.device)]
             except RuntimeError as err:  # an op the graph cannot hold: run eagerly from now on
                 warnings.warn(f"CUDA-graph capture of a round failed ({err}); running eagerly", stacklevel=2)

@@ -20,10 +20,13 @@ import torch
 from transformers import PreTrainedModel
 
 from ..attention import AttentionBackend, AttentionCall, use_attention
-from ..models.compiled_parts import fused
+from ..decoding.options import Tuning
+from ..models.compiled_parts import FUNCTION, fused
 from ..models.projections import grouped
 from ..models.recurrent import SegmentedMixer
 from ..row.cache import PackedCache
+
+DEFAULT_TUNING = Tuning()
 
 
 @dataclass
@@ -106,16 +109,24 @@ def model_lock(model: PreTrainedModel) -> ModelLock:
 
 @contextlib.contextmanager
 def use_model(
-    model: PreTrainedModel, backend: AttentionBackend, profile: ModelProfile, fuse: bool = False, group: bool = False
+    model: PreTrainedModel,
+    backend: AttentionBackend,
+    profile: ModelProfile,
+    fuse: bool = False,
+    group: bool = False,
+    tuning: Tuning = DEFAULT_TUNING,
 ):
     """For the block: attention through `backend`, the plan hooked into modules that miss it, mixers segmented;
-    with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM.
-    The block holds the model (`model_lock`): another thread's call on it waits."""
+    with `fuse`, the layers' norms and rotary embedding compiled; with `group`, sibling projections as one GEMM;
+    each as `tuning` says (its rotary, widths, projections and prefill columns).  The block holds the model
+    (`model_lock`): another thread's call on it waits."""
     with model_lock(model).held():
-        yield from _set_up(model, backend, profile, fuse, group)
+        yield from _set_up(model, backend, profile, fuse, group, tuning)
 
 
-def _set_up(model: PreTrainedModel, backend: AttentionBackend, profile: ModelProfile, fuse: bool, group: bool):
+def _set_up(
+    model: PreTrainedModel, backend: AttentionBackend, profile: ModelProfile, fuse: bool, group: bool, tuning: Tuning
+):
     """`use_model`'s set-up, yielded inside, taken back after."""
     hooks = [
         model.get_submodule(name).register_forward_pre_hook(inject_plan, with_kwargs=True)
@@ -127,8 +138,14 @@ def _set_up(model: PreTrainedModel, backend: AttentionBackend, profile: ModelPro
         parent = model.get_submodule(parent_name)
         swapped.append((parent, attr, getattr(parent, attr)))
         setattr(parent, attr, SegmentedMixer(getattr(parent, attr), profile.token_by_token))
+    parts = [p for p in profile.fusable if tuning.fuse_rotary or not p.startswith(FUNCTION)] if fuse else []
+    group = group and tuning.group_projections
     try:
-        with use_attention(model, backend), fused(model, profile.fusable if fuse else []), grouped(model, group):
+        with (
+            use_attention(model, backend),
+            fused(model, parts, every_dim_dynamic=not tuning.static_widths),
+            grouped(model, group, columns=tuning.prefill_columns),
+        ):
             yield
     finally:
         for hook in hooks:

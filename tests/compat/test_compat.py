@@ -371,7 +371,7 @@ def test_two_models_of_one_family_on_two_threads_each_run_their_own_rotary(monke
         return type(module).forward(module, *args, **kwargs)
 
     norm = type(first.model.norm)
-    monkeypatch.setattr(CompiledPart, "compiled", {rotary: swapped_rotary, norm: eager_norm})
+    monkeypatch.setattr(CompiledPart, "compiled", {(rotary, False): swapped_rotary, (norm, False): eager_norm})
     monkeypatch.setattr(CompiledPart, "failed", set())
     swapped, second_done, got, errors = threading.Event(), threading.Event(), {}, []
 

@@ -151,35 +151,50 @@ def test_admission_replay_counts_every_streams_own_reads_and_the_resident_docume
     assert bound["own_s"] == round(own * 1e-6, 1) and bound["weights_s"] == round(got[True]["rounds"] * 1e-3, 1)
 
 
-def test_wide_own_launch_widens_only_inside_its_context():
-    """bench's `pp_own_launch_wide` ablation: the own plan's launch has 2 KV splits and 8 warps in 16-bit while the
-    context holds, `default_config`'s before and after."""
+def test_wide_own_launch_widens_only_the_own_plans_launch():
+    """bench's `pp_own_launch_wide` ablation (`TritonBackend(launch_config=...)`): the own plan's launch has 2 KV
+    splits and 8 warps in 16-bit, the shared plan's and fp32's are the launcher's defaults."""
     from hf_parallel.attention import launcher
 
     query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     own = SimpleNamespace(num_tiles=4, block_m=16)
     base = launcher.default_config(query, key, own)
-    with bench.wide_own_launch():
-        wide = launcher.own_launch_config(query, key, own)
-        kept = launcher.own_launch_config(query.float(), key.float(), own)
+    wide = bench.wide_own_launch(query, key, own, True)
     assert (wide.num_splits, wide.num_warps, wide.block_n) == (max(2, base.num_splits), 8, base.block_n)
-    assert kept == launcher.default_config(query.float(), key.float(), own)
-    assert launcher.own_launch_config(query, key, own) == base
+    assert bench.wide_own_launch(query.float(), key.float(), own, True) == launcher.own_launch_config(
+        query.float(), key.float(), own
+    )
+    assert bench.wide_own_launch(query, key, own, False) == base
 
 
-def test_every_block_masked_holds_only_inside_its_context():
-    """bench's `pp_every_block_masked` ablation: every launch config, the own plan's too, masks every KV block while
-    the context holds, and none after."""
+def test_every_block_masked_masks_every_launch_and_changes_nothing_else():
+    """bench's `pp_every_block_masked` ablation: the shared and the own plan's launches mask every KV block, their
+    other parameters the launcher's."""
+    from dataclasses import replace
+
     from hf_parallel.attention import launcher
 
     query, key = torch.zeros(1, 4, 1, 64, dtype=torch.bfloat16), torch.zeros(1, 4, 256, 64, dtype=torch.bfloat16)
     tiles = SimpleNamespace(num_tiles=4, block_m=16)
     base = launcher.default_config(query, key, tiles)
     assert base.whole_blocks
-    with bench.every_block_masked():
-        assert not launcher.default_config(query, key, tiles).whole_blocks
-        assert not launcher.own_launch_config(query, key, tiles).whole_blocks
-    assert launcher.default_config(query, key, tiles) == base
+    for own, default in [(False, base), (True, launcher.own_launch_config(query, key, tiles))]:
+        assert bench.every_block_masked(query, key, tiles, own) == replace(default, whole_blocks=False)
+
+
+def test_every_method_is_options_that_generate_tokens_takes():
+    """Each method of the bench is a set of `generate_tokens` options (no patched internals): every one resolves,
+    and each ablation differs from pp_triton in one choice."""
+    from hf_parallel import GenerationOptions
+
+    model = tiny_model("llama")
+    for options, _ in bench.METHODS.values():
+        GenerationOptions.resolve(model, **options)  # a renamed option or Tuning field fails here
+    triton = bench.METHODS["pp_triton"][0]
+    for name in ["pp_norms_only", "pp_ungrouped", "pp_prefill_apart", "pp_index_copy", "pp_synced",
+                 "pp_every_dim_dynamic"]:  # fmt: skip
+        options = bench.METHODS[name][0]
+        assert options["attn"] == triton["attn"] and sum(not v for v in vars(options["tuning"]).values()) == 1, name
 
 
 def test_gemm_check_times_the_benchmark_models_own_linear_shapes():
@@ -205,55 +220,6 @@ def test_gemm_check_skinny_gemm_equals_linear():
     x, w = torch.randn(5, 64, generator=gen), torch.randn(40, 64, generator=gen)
     for config in [(16, 32, 32, 1, 4, 2), (16, 16, 16, 2, 4, 2), (16, 32, 16, 4, 4, 2)]:
         torch.testing.assert_close(gemm.skinny_mm(x, w, config), torch.nn.functional.linear(x, w), msg=str(config))
-
-
-def test_index_copy_writes_and_synced_rounds_hold_only_inside_their_contexts():
-    """bench's `pp_index_copy` and `pp_synced` ablations: the cache writes with `index_copy_`, and the core reads
-    each round at once, only while their contexts hold; the answers stay generate's."""
-    from hf_parallel import generate_tokens
-    from hf_parallel.engine.core import EngineCore
-    from hf_parallel.row import cache
-
-    kernel = cache.cache_write
-    with bench.index_copy_writes():
-        assert cache.cache_write is None
-    model, prompts = tiny_model("llama"), [DOC + [5, 6], DOC + [7]]
-    with bench.synced_rounds():
-        assert EngineCore.read_late is False
-        got = generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[])
-    assert cache.cache_write is kernel and EngineCore.read_late is True
-    assert got == generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[])
-
-
-def test_every_dim_dynamic_holds_only_inside_its_context():
-    """bench's `pp_every_dim_dynamic`: the layers' parts compiled with every dimension dynamic, into graphs of
-    their own (a compiled function cache of its own), only while its context holds."""
-    from hf_parallel.models import compiled_parts
-
-    compiled = compiled_parts.CompiledPart.compiled
-    with bench.every_dim_dynamic():
-        assert compiled_parts.DYNAMIC is True and compiled_parts.CompiledPart.compiled is not compiled
-    assert compiled_parts.DYNAMIC is None and compiled_parts.CompiledPart.compiled is compiled
-
-
-def test_prefill_apart_gives_a_wide_inputs_members_outputs_of_their_own_only_inside_its_context():
-    """bench's `pp_prefill_apart`: a prefill chunk's q, k and v are tensors of their own (the same values), not
-    columns of one output, only while its context holds; a narrow input's stay columns either way."""
-    from hf_parallel.models.projections import MOST_ROWS, ProjectionGroup
-
-    model = tiny_model("qwen2")
-    attn = model.model.layers[0].self_attn
-    group = ProjectionGroup([attn.q_proj, attn.k_proj, attn.v_proj])
-    wide, narrow = torch.randn(1, MOST_ROWS + 1, model.config.hidden_size), torch.randn(1, 4, model.config.hidden_size)
-    with torch.no_grad():
-        joined = group.outputs(wide)
-        with bench.prefill_apart():
-            apart, still = group.outputs(wide), group.outputs(narrow)
-        again = group.outputs(wide)
-    assert [o.is_contiguous() for o in apart] == [True] * 3 and not any(o.is_contiguous() for o in joined + still)
-    assert not any(o.is_contiguous() for o in again)
-    for a, j in zip(apart, joined):
-        torch.testing.assert_close(a, j, atol=1e-5, rtol=1e-5)
 
 
 def test_prefill_qkv_check_finds_a_wide_inputs_columns_equal_to_their_own_gemms(tmp_path):

@@ -467,6 +467,26 @@ def test_own_split_generates_as_model_generate():
     assert got == [generate_alone(model, p, 6) for p in prompts]
 
 
+def test_a_launch_config_chooses_every_launch_and_answers_stay_generates():
+    """`TritonBackend(launch_config=...)` chooses each launch of both plans (here: every KV block masked, the
+    ablation of `KernelConfig.whole_blocks`), and decoding through it gives `model.generate`'s tokens."""
+    model = tiny_model("llama").to(DEVICE)
+    gen = torch.Generator().manual_seed(4)
+    doc = random_tokens(30, gen)
+    prompts = [doc + random_tokens(n, gen) for n in (1, 4, 7)]
+    asked = []
+
+    def masked(query, key, tiles, own):
+        asked.append(own)
+        return dataclasses.replace((launcher.own_launch_config if own else launcher.default_config)(query, key, tiles),
+                       whole_blocks=False)  # fmt: skip
+
+    got = generate_tokens(model, prompts, max_new_tokens=4, eos_token_id=[], cuda_graphs=False,
+                          attn=TritonBackend(own_tiles="serial", launch_config=masked))  # fmt: skip
+    assert got == [generate_alone(model, p, 4) for p in prompts]
+    assert set(asked) == {False, True}
+
+
 def test_own_tiles_auto_splits_long_answers_of_wide_tiles():
     """own_tiles="auto" (the default) splits decode forwards where answers are long and packed tiles wide (at most 2
     query heads per KV head), and leaves every other row one plan."""

@@ -309,7 +309,7 @@ def test_a_layer_part_whose_compilation_fails_runs_as_it_is(llama, monkeypatch):
     parts = check_support(llama).fusable
     classes = {type(llama.get_submodule(p)) for p in parts if not p.startswith("fn:")}
     classes.add(modeling_llama.apply_rotary_pos_emb)  # the rotary function: keyed by itself
-    monkeypatch.setattr(compiled_parts.CompiledPart, "compiled", dict.fromkeys(classes, broken))
+    monkeypatch.setattr(compiled_parts.CompiledPart, "compiled", dict.fromkeys([(c, False) for c in classes], broken))
     monkeypatch.setattr(compiled_parts.CompiledPart, "failed", set())
     gen = torch.Generator().manual_seed(9)
     prompts = [random_tokens(12, gen) for _ in range(3)]

@@ -4,12 +4,13 @@ call's memory comes back when it returns, and counts as free for the next call's
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 import torch
 
-from hf_parallel import Session, generate_tokens, stream_tokens
+from hf_parallel import Session, Tuning, generate_tokens, stream_tokens
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
 from tests.helpers.prompts import corpus
 from tests.helpers.serving import Collector
@@ -272,3 +273,46 @@ def test_a_second_identical_call_with_drafts_captures_no_graph(monkeypatch):
         answers = [dict(call) for call in calls]
     assert answers[0] == answers[1] == dict(enumerate(free))
     assert calls[0].stats.captures > 0 and calls[1].stats.captures == 0
+
+
+def _every_block_masked(query, key, tiles, own):
+    from hf_parallel.attention import launcher
+
+    default = (launcher.own_launch_config if own else launcher.default_config)(query, key, tiles)
+    return dataclasses.replace(default, whole_blocks=False)
+
+
+@pytest.mark.usefixtures("no_tf32")
+def test_every_ablation_answers_as_generate_and_replays_only_rounds_of_its_own():
+    """Each `Tuning` choice turned off, and a launch config of its own, give model.generate's tokens through captured
+    rounds; in one Session each captures rounds of its own (a kept row never replays a round recorded under another
+    choice), and the default's second call captures none."""
+    from hf_parallel import TritonBackend
+
+    model = tiny_model("llama").cuda()
+    prompts = _prompts(13, 6, doc_len=300)  # a prefill chunk wider than MOST_ROWS: its q, k and v in columns or not
+    want = [generate_alone(model, p, 8, None) for p in prompts]
+    options = dict(max_new_tokens=8, eos_token_id=[], attn="triton")
+    ablations = [dict(tuning=Tuning(**{f.name: False})) for f in dataclasses.fields(Tuning)]
+    ablations.append(dict(attn=TritonBackend(own_tiles="overlap", launch_config=_every_block_masked)))
+    captured = []
+    with Session(model) as session:
+        for ablation in [{}, *ablations, {}]:
+            call = stream_tokens(model, prompts, session=session, **{**options, **ablation})
+            got = dict(call)
+            assert [got[i] for i in range(len(prompts))] == want, ablation
+            captured.append(call.stats.captures)
+    assert all(captured[:-1]) and captured[-1] == 0, captured
+
+
+def test_index_copy_writes_launch_no_triton_write():
+    """`Tuning(triton_writes=False)`: the cache's K/V written by `index_copy_`, no `write_slots` kernel launched."""
+    model = tiny_model("llama").cuda()
+
+    def kernels(**options) -> set[str]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            generate_tokens(model, _prompts(14, 3), max_new_tokens=4, eos_token_id=[], cuda_graphs=False, **options)
+        return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+    assert any("write_slots" in name for name in kernels())
+    assert not any("write_slots" in name for name in kernels(tuning=Tuning(triton_writes=False)))
