@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -31,9 +31,10 @@ from ..runner.patching import ModelProfile, model_lock
 from ..runner.probe import check_support
 from ..runner.rows import RowKeeper
 from ..runner.sizing import size_row
-from .core import EngineCore, Stats
+from .core import EngineCore
 from .drafts import AssistantDrafter
 from .policies import AllAtOnce, Refill, Waves
+from .stats import Stats
 from .streams import Request
 
 
@@ -67,7 +68,7 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
 
 def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> Streamed:
     """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list); once
-    exhausted, the iterator's `stats` say what the call did (`engine.core.Stats`).
+    exhausted, the iterator's `stats` say what the call did (`engine.stats.Stats`).
 
     While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
     the iterator is exhausted or closed, and until then another thread's call on the model waits.
@@ -89,7 +90,8 @@ def generate_layout(model: PreTrainedModel, layout: Layout, session: RowKeeper |
 
 
 class Streamed:
-    """The answers of one call as they finish (`stream_tokens`); `stats` once it has run."""
+    """The answers of one call as they finish (`stream_tokens`); `stats`, what it did (`engine.stats.Stats`: the ids
+    it checked once prepared, the rest as it runs, complete once exhausted)."""
 
     def __init__(self, call: Generation):
         self.call, self.answers = call, call.run()
@@ -104,7 +106,7 @@ class Streamed:
         self.answers.close()
 
     @property
-    def stats(self) -> Stats | None:
+    def stats(self) -> Stats:
         return self.call.stats
 
 
@@ -123,7 +125,7 @@ class Generation:
     layout: Layout | None  # the streams' prefix tree laid out at once (None: no streams)
     assistant: ModelProfile | None = None  # the assistant model's, where it drafts
     fixed: bool = False  # the layout is the row's, whatever the memory budget says
-    stats: Stats | None = None
+    stats: Stats = field(default_factory=Stats)
 
     @property
     def streams(self) -> list[int]:
@@ -152,8 +154,11 @@ class Generation:
         layout = build_layout(streams, max(limits, default=1)) if streams else None
         # the ids checked once each where prompts share them (a document's once, not once per question); where one
         # is outside the vocabulary, each prompt's are checked in turn, so that the error names the first such prompt
-        if layout is not None and not in_vocabulary(model, [seg.tokens for seg in layout.segments]):
+        shared = [seg.tokens for seg in layout.segments] if layout is not None else []
+        stats = Stats(ids_checked=sum(map(len, shared)))
+        if shared and not in_vocabulary(model, shared):
             for i, prompt in enumerate(prompts):
+                stats.ids_checked += len(prompt)
                 check_tokens(model, f"prompt {i}", prompt)
         # a call that will compile imports the compiler beside the support probe's first forward (where it is the
         # model's first); whether it will is the runner's rule, before the probe says whether layers are recurrent
@@ -167,7 +172,7 @@ class Generation:
             )
         assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
-        return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant)
+        return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant, stats=stats)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
         """(stream index, new tokens) of every stream as it finishes: all at once where the memory budget holds
@@ -184,16 +189,17 @@ class Generation:
         kept = self.session.row_bytes() if self.session is not None else 0
         size = size_row(model, self.profile, chunk, opts.max_memory, len(layout.prompt_ends), kept)
         if self.fixed or (layout.num_slots <= size.capacity and len(layout.prompt_ends) <= size.streams):
-            policy, capacity, order = AllAtOnce(FixedRow(layout)), layout.num_slots, range(len(self.prompts))
+            policy, capacity = AllAtOnce(FixedRow(layout), self.stats), layout.num_slots
+            order = range(len(self.prompts))
         else:
             tree = PrefixTree(size.capacity, split_written=not self.profile.recurrent)
-            policy, capacity = (Refill if opts.refill else Waves)(tree, size), size.capacity
+            policy, capacity = (Refill if opts.refill else Waves)(tree, size, self.stats), size.capacity
             order = [p for group in document_groups(layout, n) for p in group]
         runner = ModelRunner(model, self.profile, opts, self.backend, capacity, self.session)
+        self.stats.row_slots = runner.cache.num_slots
         assistant = self._assistant(capacity)
         streams = len(layout.prompt_ends)
         core = EngineCore(model, runner, policy, chunk, lanes=size.streams, assistant=assistant, prebuild=streams)
-        self.stats = core.stats
         sampler = Sampler(opts, runner.device)  # one for the call: a seed gives one sequence of draws
         documents = _documents(layout, n)
         for p in order:
@@ -207,6 +213,7 @@ class Generation:
             for stream in core.run():
                 bar.update()
                 yield stream.index, stream.tokens
+        self.stats.row_bytes = runner.cache.stored_bytes()
 
     def _assistant(self, capacity: int) -> AssistantDrafter | None:
         if self.assistant is None:
