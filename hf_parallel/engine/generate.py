@@ -38,7 +38,9 @@ from .stats import Stats
 from .streams import Request
 
 
-def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> list[list[int]]:
+def generate_tokens(
+    model: PreTrainedModel, prompts, session: RowKeeper | None = None, stats: Stats | None = None, **options
+) -> list[list[int]]:
     """Answer every prompt as if alone; shared token prefixes are computed once.
 
     prompts: P complete prompts, lists of token ids (or a 2-D tensor, one prompt per row).
@@ -52,6 +54,8 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     (`GenerationOptions`).
     session: a `RowKeeper` (such as `hf_parallel.Session`) keeping the packed row between
     calls (else the call frees it).
+    stats: a `Stats` the call counts what it does into, added to what it holds (several calls'
+    totals, through any function that passes generation options on); else the call's own.
     Returns P * num_return_sequences lists of new tokens, each prompt's answers contiguous
     (as generate orders them), each up to and including EOS when generated.
     Refuses before any generation: an empty prompt, ids outside the vocabulary, a prompt past
@@ -59,21 +63,23 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     options (TypeError), and a model or decoding method hf_parallel cannot serve
     (NotImplementedError, naming why).
     """
-    call = Generation.prepare(model, prompts, options, session)
+    call = Generation.prepare(model, prompts, options, session, stats)
     out: list[list[int] | None] = [None] * len(call.streams)
     for index, tokens in call.run():
         out[index] = tokens
     return out
 
 
-def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> Streamed:
+def stream_tokens(
+    model: PreTrainedModel, prompts, session: RowKeeper | None = None, stats: Stats | None = None, **options
+) -> Streamed:
     """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list); once
     exhausted, the iterator's `stats` say what the call did (`engine.stats.Stats`).
 
     While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
     the iterator is exhausted or closed, and until then another thread's call on the model waits.
     """
-    return Streamed(Generation.prepare(model, prompts, options, session))
+    return Streamed(Generation.prepare(model, prompts, options, session, stats))
 
 
 def generate_layout(model: PreTrainedModel, layout: Layout, session: RowKeeper | None = None, **options):
@@ -133,16 +139,16 @@ class Generation:
 
     @classmethod
     @torch.inference_mode()
-    def prepare(cls, model, prompts, options: dict, session) -> Generation:
+    def prepare(cls, model, prompts, options: dict, session, stats: Stats | None = None) -> Generation:
         """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says.
         Generate prepares each prompt and the probe runs the model: one call at a time on a model (`model_lock`)."""
         check_model(model)
         prompts = as_token_lists("prompts", prompts)
         with model_lock(model).held():
-            return cls._checked(model, prompts, options, session)
+            return cls._checked(model, prompts, options, session, Stats() if stats is None else stats)
 
     @classmethod
-    def _checked(cls, model, prompts: list[list[int]], options: dict, session) -> Generation:
+    def _checked(cls, model, prompts: list[list[int]], options: dict, session, stats: Stats) -> Generation:
         opts = GenerationOptions.resolve(model, **options)
         limits = []
         for i, prompt in enumerate(prompts):
@@ -155,7 +161,7 @@ class Generation:
         # the ids checked once each where prompts share them (a document's once, not once per question); where one
         # is outside the vocabulary, each prompt's are checked in turn, so that the error names the first such prompt
         shared = [seg.tokens for seg in layout.segments] if layout is not None else []
-        stats = Stats(ids_checked=sum(map(len, shared)))
+        stats.ids_checked += sum(map(len, shared))
         if shared and not in_vocabulary(model, shared):
             for i, prompt in enumerate(prompts):
                 stats.ids_checked += len(prompt)
@@ -172,6 +178,7 @@ class Generation:
             )
         assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
+        stats.calls, stats.prompts = stats.calls + 1, stats.prompts + len(prompts)
         return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant, stats=stats)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
