@@ -185,26 +185,25 @@ def test_answer_dataset_resumes_from_its_checkpoint(smollm2, calls, tmp_path, mo
     model, tokenizer = smollm2
     dataset, _ = squad_like(datasets)
     checkpoint = tmp_path / "answers.jsonl"
-    options = dict(tokens_per_call=1, max_new_tokens=NEW)
-    whole = answer_dataset(model, tokenizer, dataset, answer_column="a", **options, stats=calls)
+    options = dict(tokens_per_call=1, max_new_tokens=NEW, stats=calls)  # one Stats over the runs: their calls' total
+    whole = answer_dataset(model, tokenizer, dataset, answer_column="a", **options)
     assert calls.calls == 3
-    stream, interrupted_run = corpus.stream_tokens, Stats()
+    stream = corpus.stream_tokens
 
     def interrupted(model, prompts, **options):  # the second call is interrupted
-        if interrupted_run.calls == 1:
+        if calls.calls == 4:
             raise KeyboardInterrupt
         return stream(model, prompts, **options)
 
     monkeypatch.setattr(corpus, "stream_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options, stats=interrupted_run)
+        answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options)
     assert [r and r.get("row") for r in read_json_lines(checkpoint)[1:]] == [0]  # document 0: rows 0, 1, 3
     monkeypatch.setattr(corpus, "stream_tokens", stream)
-    resumed_run, again_run = Stats(), Stats()  # a checkpoint is another run's only where rows, model or options differ
-    resumed = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options, stats=resumed_run)
-    assert resumed_run.calls == 2 and list(resumed["answer"]) == list(whole["a"])
-    again = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW, stats=again_run)
-    assert again_run.calls == 0 and list(again["answer"]) == list(whole["a"])  # all taken from the checkpoint
+    resumed = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options)  # its stats= counts more
+    assert calls.calls == 4 + 2 and list(resumed["answer"]) == list(whole["a"])
+    again = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW, stats=calls)
+    assert calls.calls == 6 and list(again["answer"]) == list(whole["a"])  # all taken from the checkpoint
     with pytest.raises(CheckpointError, match="is the checkpoint of another run"):
         answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW + 1)
 
