@@ -4,8 +4,8 @@ One `Stats` per row: the admission policy (`engine.policies`) and the engine cor
 same object (the core takes its policy's), and a `generate_tokens` call adds what it checked and built
 (`engine.generate`).  `stream_tokens(...).stats` is a call's, complete once the iterator is exhausted; a caller's
 own `Stats`, passed as `stats=` to `generate_tokens` or `stream_tokens` (or to a function that passes generation
-options on, such as `answer_corpus`), totals every call it is given to.  Every count is made once per round or
-per call, never per layer or per token.
+options on, such as `answer_corpus`), totals every call it is given to.  Every count is made on the host, once per
+round or per call: none inside a forward (per layer).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Stats:
     stream_forwards: streams fed, over all forwards.
     prompt_tokens:   prompt tokens computed (a prefix shared by several prompts once).
     tokens:          answer tokens accepted.
-    captures:        CUDA graphs the core captured (a kept row's earlier ones not counted).
+    captures:        CUDA graphs the (last) call's core captured (a kept row's earlier ones not counted).
     cancelled:       requests cancelled.
     failed:          requests failed.
     placements:      tries to place a waiting request's streams in the row's prefix tree (`Refill`, `Arrivals`;
