@@ -6,7 +6,7 @@ its question were asked alone.
 
 `import hf_parallel` imports neither torch nor transformers: each public name is imported on
 first use (PEP 562), so that the command line starts at once.  Every name a user needs is here:
-generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`), scoring and
+generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`, `Stats`), scoring and
 judging, attention paths (`TritonBackend`, `ReferenceBackend`), many documents (`answer_corpus`,
 `answer_dataset`), models (`load_smollm2`, `load_model`), the serving engine (`Engine`) and the
 lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .decoding.options import GenerationOptions, Tuning  # noqa: F401
     from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
     from .engine.serving import Engine  # noqa: F401
+    from .engine.stats import Stats  # noqa: F401
     from .frontends.corpus import CorpusAnswer, answer_corpus  # noqa: F401
     from .frontends.datasets import answer_dataset  # noqa: F401
     from .frontends.default_model import load_smollm2  # noqa: F401
@@ -43,6 +44,7 @@ _SOURCES = {  # each public name and the module that defines it
     "generate_parallel": ".frontends.prompting",
     "generate_tokens": ".engine.generate",
     "stream_tokens": ".engine.generate",
+    "Stats": ".engine.stats",
     "Session": ".frontends.session",
     "render_prompt": ".frontends.prompting",
     "render_prompts": ".frontends.prompting",

@@ -29,22 +29,8 @@ from .drafts import AssistantDrafter
 from .groups import ChoiceGroup
 from .policies import AdmissionPolicy
 from .scheduler import Round, Scheduler
+from .stats import Stats
 from .streams import Chosen, Request, Status, Stream
-
-
-@dataclass
-class Stats:
-    """What a core has done: rounds (forwards of the model), streams fed over all forwards, prompt tokens
-    computed, tokens accepted, CUDA graphs it captured (a kept row's earlier ones not counted), requests cancelled
-    and failed."""
-
-    rounds: int = 0
-    stream_forwards: int = 0
-    prompt_tokens: int = 0
-    tokens: int = 0
-    captures: int = 0
-    cancelled: int = 0
-    failed: int = 0
 
 
 @dataclass
@@ -85,7 +71,7 @@ class EngineCore:
         self.read_late = runner.opts.tuning.read_late  # False: each round read at once (`Tuning.read_late`)
         self.scheduler = Scheduler(model, policy, chunk, runner.device, runner.profile.recurrent, lanes, assistant)
         self.lagged: Output | None = None
-        self.stats = Stats()
+        self.stats: Stats = policy.stats  # one Stats per row: the policy counts its admissions in it
         self.prebuild_streams = prebuild if runner.device.type == "cuda" else 0
         self.captured_before = self._captures()  # a kept row's captures before this core
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -31,13 +31,16 @@ from ..runner.patching import ModelProfile, model_lock
 from ..runner.probe import check_support
 from ..runner.rows import RowKeeper
 from ..runner.sizing import size_row
-from .core import EngineCore, Stats
+from .core import EngineCore
 from .drafts import AssistantDrafter
 from .policies import AllAtOnce, Refill, Waves
+from .stats import Stats
 from .streams import Request
 
 
-def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> list[list[int]]:
+def generate_tokens(
+    model: PreTrainedModel, prompts, session: RowKeeper | None = None, stats: Stats | None = None, **options
+) -> list[list[int]]:
     """Answer every prompt as if alone; shared token prefixes are computed once.
 
     prompts: P complete prompts, lists of token ids (or a 2-D tensor, one prompt per row).
@@ -51,6 +54,8 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     (`GenerationOptions`).
     session: a `RowKeeper` (such as `hf_parallel.Session`) keeping the packed row between
     calls (else the call frees it).
+    stats: a `Stats` the call counts what it does into, added to what it holds (several calls'
+    totals, through any function that passes generation options on); else the call's own.
     Returns P * num_return_sequences lists of new tokens, each prompt's answers contiguous
     (as generate orders them), each up to and including EOS when generated.
     Refuses before any generation: an empty prompt, ids outside the vocabulary, a prompt past
@@ -58,21 +63,23 @@ def generate_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None =
     options (TypeError), and a model or decoding method hf_parallel cannot serve
     (NotImplementedError, naming why).
     """
-    call = Generation.prepare(model, prompts, options, session)
+    call = Generation.prepare(model, prompts, options, session, stats)
     out: list[list[int] | None] = [None] * len(call.streams)
     for index, tokens in call.run():
         out[index] = tokens
     return out
 
 
-def stream_tokens(model: PreTrainedModel, prompts, session: RowKeeper | None = None, **options) -> Streamed:
+def stream_tokens(
+    model: PreTrainedModel, prompts, session: RowKeeper | None = None, stats: Stats | None = None, **options
+) -> Streamed:
     """`generate_tokens`, yielding `(index, tokens)` as each stream finishes (index into its result list); once
-    exhausted, the iterator's `stats` say what the call did (`engine.core.Stats`).
+    exhausted, the iterator's `stats` say what the call did (`engine.stats.Stats`).
 
     While the iterator runs, the model's attention goes through hf_parallel's; it is restored when
     the iterator is exhausted or closed, and until then another thread's call on the model waits.
     """
-    return Streamed(Generation.prepare(model, prompts, options, session))
+    return Streamed(Generation.prepare(model, prompts, options, session, stats))
 
 
 def generate_layout(model: PreTrainedModel, layout: Layout, session: RowKeeper | None = None, **options):
@@ -89,7 +96,8 @@ def generate_layout(model: PreTrainedModel, layout: Layout, session: RowKeeper |
 
 
 class Streamed:
-    """The answers of one call as they finish (`stream_tokens`); `stats` once it has run."""
+    """The answers of one call as they finish (`stream_tokens`); `stats`, what it did (`engine.stats.Stats`: the ids
+    it checked once prepared, the rest as it runs, complete once exhausted)."""
 
     def __init__(self, call: Generation):
         self.call, self.answers = call, call.run()
@@ -104,7 +112,7 @@ class Streamed:
         self.answers.close()
 
     @property
-    def stats(self) -> Stats | None:
+    def stats(self) -> Stats:
         return self.call.stats
 
 
@@ -123,7 +131,7 @@ class Generation:
     layout: Layout | None  # the streams' prefix tree laid out at once (None: no streams)
     assistant: ModelProfile | None = None  # the assistant model's, where it drafts
     fixed: bool = False  # the layout is the row's, whatever the memory budget says
-    stats: Stats | None = None
+    stats: Stats = field(default_factory=Stats)
 
     @property
     def streams(self) -> list[int]:
@@ -131,16 +139,16 @@ class Generation:
 
     @classmethod
     @torch.inference_mode()
-    def prepare(cls, model, prompts, options: dict, session) -> Generation:
+    def prepare(cls, model, prompts, options: dict, session, stats: Stats | None = None) -> Generation:
         """Check the model, the prompts and the options, and probe the model; refuses as `generate_tokens` says.
         Generate prepares each prompt and the probe runs the model: one call at a time on a model (`model_lock`)."""
         check_model(model)
         prompts = as_token_lists("prompts", prompts)
         with model_lock(model).held():
-            return cls._checked(model, prompts, options, session)
+            return cls._checked(model, prompts, options, session, Stats() if stats is None else stats)
 
     @classmethod
-    def _checked(cls, model, prompts: list[list[int]], options: dict, session) -> Generation:
+    def _checked(cls, model, prompts: list[list[int]], options: dict, session, stats: Stats) -> Generation:
         opts = GenerationOptions.resolve(model, **options)
         limits = []
         for i, prompt in enumerate(prompts):
@@ -152,8 +160,11 @@ class Generation:
         layout = build_layout(streams, max(limits, default=1)) if streams else None
         # the ids checked once each where prompts share them (a document's once, not once per question); where one
         # is outside the vocabulary, each prompt's are checked in turn, so that the error names the first such prompt
-        if layout is not None and not in_vocabulary(model, [seg.tokens for seg in layout.segments]):
+        shared = [seg.tokens for seg in layout.segments] if layout is not None else []
+        stats.ids_checked += sum(map(len, shared))
+        if shared and not in_vocabulary(model, shared):
             for i, prompt in enumerate(prompts):
+                stats.ids_checked += len(prompt)
                 check_tokens(model, f"prompt {i}", prompt)
         # a call that will compile imports the compiler beside the support probe's first forward (where it is the
         # model's first); whether it will is the runner's rule, before the probe says whether layers are recurrent
@@ -167,7 +178,8 @@ class Generation:
             )
         assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
-        return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant)
+        stats.calls, stats.prompts = stats.calls + 1, stats.prompts + len(prompts)
+        return cls(model, prompts, limits, opts, profile, backend, session, layout, assistant, stats=stats)
 
     def run(self) -> Iterator[tuple[int, list[int]]]:
         """(stream index, new tokens) of every stream as it finishes: all at once where the memory budget holds
@@ -184,16 +196,17 @@ class Generation:
         kept = self.session.row_bytes() if self.session is not None else 0
         size = size_row(model, self.profile, chunk, opts.max_memory, len(layout.prompt_ends), kept)
         if self.fixed or (layout.num_slots <= size.capacity and len(layout.prompt_ends) <= size.streams):
-            policy, capacity, order = AllAtOnce(FixedRow(layout)), layout.num_slots, range(len(self.prompts))
+            policy, capacity = AllAtOnce(FixedRow(layout), self.stats), layout.num_slots
+            order = range(len(self.prompts))
         else:
             tree = PrefixTree(size.capacity, split_written=not self.profile.recurrent)
-            policy, capacity = (Refill if opts.refill else Waves)(tree, size), size.capacity
+            policy, capacity = (Refill if opts.refill else Waves)(tree, size, self.stats), size.capacity
             order = [p for group in document_groups(layout, n) for p in group]
         runner = ModelRunner(model, self.profile, opts, self.backend, capacity, self.session)
+        self.stats.row_slots = runner.cache.num_slots
         assistant = self._assistant(capacity)
         streams = len(layout.prompt_ends)
         core = EngineCore(model, runner, policy, chunk, lanes=size.streams, assistant=assistant, prebuild=streams)
-        self.stats = core.stats
         sampler = Sampler(opts, runner.device)  # one for the call: a seed gives one sequence of draws
         documents = _documents(layout, n)
         for p in order:
@@ -207,6 +220,7 @@ class Generation:
             for stream in core.run():
                 bar.update()
                 yield stream.index, stream.tokens
+        self.stats.row_bytes = runner.cache.stored_bytes()
 
     def _assistant(self, capacity: int) -> AssistantDrafter | None:
         if self.assistant is None:

@@ -28,6 +28,7 @@ from collections import deque
 from ..row.contents import FixedRow, RowContents
 from ..row.prefix_tree import PrefixTree
 from ..runner.sizing import RowSize, too_large
+from .stats import Stats
 from .streams import Request, Status, Stream
 
 REFILL_FRACTION = 8  # admit once 1/8 of the row's slots (or, stream-bound, its streams) are free
@@ -37,13 +38,16 @@ SHARE = 2  # a document starts only where the answer room of this many of its pr
 class AdmissionPolicy(ABC):
     """Which waiting requests' streams join the row held in `contents`, and when (module docstring).
 
-    Streams get keys in the order their requests are added (a `FixedRow`'s prompt order)."""
+    Streams get keys in the order their requests are added (a `FixedRow`'s prompt order).  `stats`: the row's
+    `Stats` (a fresh one unless given), which the policy counts its placements and refills in, and the engine core
+    running it its rounds."""
 
     contents: RowContents
 
-    def __init__(self, contents: RowContents):
+    def __init__(self, contents: RowContents, stats: Stats | None = None):
         self.contents = contents
         self.keys = 0
+        self.stats = stats if stats is not None else Stats()
 
     def add(self, request: Request) -> None:
         """Queue `request`, its streams made (and keyed)."""
@@ -91,8 +95,8 @@ class AdmissionPolicy(ABC):
 class AllAtOnce(AdmissionPolicy):
     """Every stream of one call joins at the first round, in a `FixedRow` laid out for them all."""
 
-    def __init__(self, contents: FixedRow):
-        super().__init__(contents)
+    def __init__(self, contents: FixedRow, stats: Stats | None = None):
+        super().__init__(contents, stats)
         self.requests: list[Request] = []
 
     def queue(self, request: Request) -> None:
@@ -111,8 +115,8 @@ class Refill(AdmissionPolicy):
     """Documents in input order, admitted as room frees up (module docstring); `size`: the row's slots and most
     live streams.  Requests of one document share their `group` number, consecutive."""
 
-    def __init__(self, contents: PrefixTree, size: RowSize):
-        super().__init__(contents)
+    def __init__(self, contents: PrefixTree, size: RowSize, stats: Stats | None = None):
+        super().__init__(contents, stats)
         self.tree, self.size = contents, size
         self.documents: deque[deque[Request]] = deque()
         self.stream_bound = False  # the last admission stopped at the row's stream limit
@@ -156,6 +160,7 @@ class Refill(AdmissionPolicy):
                 break
             starts_fail |= bool(document) and not resident
         self.stream_bound = blocked
+        self.stats.refills += bool(live and admitted)
         self.documents = deque(d for d in self.documents if d)
         self.tree.collect()
         if not live and not admitted and self.documents:
@@ -172,6 +177,7 @@ class Refill(AdmissionPolicy):
             spare = 0
         else:
             spare = min(len(document) - 1, SHARE - 1) * request.max_new_tokens
+        self.stats.placements += 1
         return _place_all(tree, request, spare)
 
 
@@ -185,8 +191,8 @@ class Waves(Refill):
 class Arrivals(AdmissionPolicy):
     """A server's requests, first come first served (module docstring)."""
 
-    def __init__(self, contents: PrefixTree, max_streams: int, retain: bool = True):
-        super().__init__(contents)
+    def __init__(self, contents: PrefixTree, max_streams: int, retain: bool = True, stats: Stats | None = None):
+        super().__init__(contents, stats)
         self.tree, self.max_streams, self.retain = contents, max_streams, retain
         self.requests: deque[Request] = deque()
 
@@ -229,6 +235,7 @@ class Arrivals(AdmissionPolicy):
         """Every stream of the request placed, evicting retained prefixes least recently used first as needed;
         None (nothing placed) where they do not fit even then."""
         while True:
+            self.stats.placements += 1
             matched = _place_all(self.tree, request, 0)
             if matched is not None:
                 return matched

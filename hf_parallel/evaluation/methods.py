@@ -99,9 +99,10 @@ def batch_calls(model, tokenizer, documents, prompts, config: QualityConfig, eos
 
 
 def execute(method: str, calls: list[GenerateCall], size: int, model, bar, checkpoint: Checkpoint | None = None):
-    """Run the calls (those not in the checkpoint); outputs by index, the calls' summed seconds, calls resumed."""
+    """Run the calls (those not in the checkpoint); outputs by index, the calls' summed seconds, and the calls
+    resumed from the checkpoint and run."""
     outputs: list[str | None] = [None] * size
-    seconds, resumed = 0.0, 0
+    seconds, resumed, ran = 0.0, 0, 0
     for k, call in enumerate(calls):
         record = checkpoint.get(method, k, call.indices) if checkpoint else None
         if record is not None:
@@ -111,13 +112,14 @@ def execute(method: str, calls: list[GenerateCall], size: int, model, bar, check
             start = _clock(model)
             got = call.run()
             took = _clock(model) - start
+            ran += 1
             if checkpoint:
                 checkpoint.add(method, k, call.indices, got, took)
         for i, text in zip(call.indices, got):
             outputs[i] = text
         seconds += took
         bar.update(call.questions)
-    return outputs, seconds, resumed
+    return outputs, seconds, resumed, ran
 
 
 def generate_rows(

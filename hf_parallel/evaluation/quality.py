@@ -48,7 +48,7 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
     checkpoint = None
     if config.checkpoint:  # the header hashes every question id: only when there is a checkpoint
         checkpoint = Checkpoint(config.checkpoint, checkpoint_header(config, items, model_name))
-    raw, wall, resumed, batch_raw, load_before = {}, {}, {}, None, os.getloadavg()
+    raw, wall, resumed, ran, batch_raw, load_before = {}, {}, {}, {}, None, os.getloadavg()
     for m in config.methods:
         if m == "standard":
             calls, size = standard_calls(model, tokenizer, prompts, config, eos, pad), len(prompts)
@@ -57,7 +57,7 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
         else:
             calls, size = batch_calls(model, tokenizer, documents, batch_prompts, config, eos, pad), len(documents)
         with tqdm(total=len(items), desc=m, unit="q", disable=not shown(config.progress)) as bar:
-            raw[m], wall[m], resumed[m] = execute(m, calls, size, model, bar, checkpoint)
+            raw[m], wall[m], resumed[m], ran[m] = execute(m, calls, size, model, bar, checkpoint)
         if m == "batch":
             batch_raw = raw[m]
             raw[m] = [a for d, text in zip(documents, batch_raw) for a in parse_batch_answers(text, len(d.items))]
@@ -71,6 +71,7 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
         "environment": _environment(load_before),
         "summary": summarize(config.dataset, records, config.methods, wall, config),
         "resumed_calls": resumed,  # generate calls taken from the checkpoint (their recorded seconds counted)
+        "run_calls": ran,  # generate calls this run made
         "batch_outputs": batch_raw,
         "questions": records,
     }

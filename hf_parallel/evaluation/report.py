@@ -147,6 +147,7 @@ def merge_reports(reports: list[dict]) -> dict:
         "summary": summarize(base["dataset"], records, methods, wall, config),
         "batch_outputs": next((r["batch_outputs"] for r in reports if r.get("batch_outputs")), None),
         "resumed_calls": {m: r.get("resumed_calls", {}).get(m, 0) for r in reports for m in r["summary"]},
+        "run_calls": {m: r.get("run_calls", {}).get(m, 0) for r in reports for m in r["summary"]},
         "questions": records,
         "merged_from": [{"config": r["config"], "environment": r.get("environment")} for r in reports],
     }

@@ -40,7 +40,7 @@ def answer_dataset(
     streams that share its prefix (`answer_corpus`); the rows keep their order.
     checkpoint: a JSON-lines file of finished documents' answers (keyed by the document's first
         row) after a header naming the run; a run started again with it skips the documents it
-        holds.  A checkpoint of another run (other rows, model or options) raises CheckpointError.
+        holds.  A checkpoint of another run (other rows, model or options, `stats=` aside) raises CheckpointError.
     template, use_chat_template, system_prompt, tokens_per_call, progress and the generation
     `options`: as for `answer_corpus`.
 
@@ -116,7 +116,7 @@ def _header(model, documents: list[str], questions: list[str], render: dict, opt
         "rows": len(documents),
         "data": rows.hexdigest(),
         "prompts": render,
-        "options": options,
+        "options": {name: value for name, value in options.items() if name != "stats"},  # stats= counts the run
     }
     return json.loads(json.dumps(header, default=repr, sort_keys=True))  # as it reads back from the file
 

@@ -72,7 +72,9 @@ class AttentionPlan:
     kv_len: number of leading slots any query of this forward may see.
     ids:    the row's `SlotIds`.
 
-    A model placed over several devices gets the plan on each through `to` (see `hf_parallel.models.placement`).
+    A model placed over several devices gets the plan on each through `to` (see `hf_parallel.models.placement`):
+    `copies` (device -> this plan there) holds each copy made, one per device however many layers ask, on the plan
+    the loop built (a copy's own is empty).
     """
 
     q_slot: torch.Tensor

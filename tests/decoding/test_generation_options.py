@@ -11,11 +11,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_parallel import generate_parallel, generate_tokens
+from hf_parallel import generate_parallel, generate_tokens, stream_tokens
 from hf_parallel.decoding import logits, sampling
 from hf_parallel.decoding.logits import StreamProcessors
 from hf_parallel.decoding.options import GenerationOptions
-from hf_parallel.runner.patching import ModelProfile
 from tests.helpers.char_tokenizers import char_tokenizer
 from tests.helpers.generation import BanRecent, StopAfterRepeat, alone, generate_processors, model_with
 from tests.helpers.models import random_tokens
@@ -164,24 +163,24 @@ def test_sampled_distributions_equal_generates(config, options, monkeypatch):
     assert spread > 1  # some step really sampled among several tokens
 
 
-def test_num_return_sequences_are_independent_samples_of_a_prompt_stored_once(monkeypatch):
+def test_num_return_sequences_are_independent_samples_of_a_prompt_stored_once():
     model, prompts = model_with(QWEN), doc_prompts(6, lengths=(2, 5, 3))
-    caches, build = [], ModelProfile.cache
-    monkeypatch.setattr(ModelProfile, "cache", lambda self, n: caches.append(build(self, n)) or caches[-1])
     starts = [p[20] for p in prompts]  # each question's first token (after the 20-token document)
     assert len(set(starts)) == 3
 
     def allowed(batch_id, ids):  # each prompt's answers may use only tokens of its own range
         return list(range(3 + 20 * starts.index(int(ids[20])), 23 + 20 * starts.index(int(ids[20]))))
 
-    got = generate_tokens(model, prompts, num_return_sequences=8, max_new_tokens=6, eos_token_id=[], seed=1,
-                          prefix_allowed_tokens_fn=allowed)  # fmt: skip
+    call = stream_tokens(model, prompts, num_return_sequences=8, max_new_tokens=6, eos_token_id=[], seed=1,
+                         prefix_allowed_tokens_fn=allowed)  # fmt: skip
+    answered = dict(call)
+    got = [answered[i] for i in range(len(answered))]
     assert len(got) == 3 * 8
     for p in range(3):
         answers = got[8 * p : 8 * p + 8]  # contiguous per prompt, as generate orders them
         assert all(3 + 20 * p <= t < 23 + 20 * p for a in answers for t in a)
         assert len({tuple(a) for a in answers}) > 1  # independent samples, not one repeated
-    assert caches[-1].num_slots == sum(map(len, prompts)) - 2 * 20 + 3 * 8 * 6  # the document once, each prompt once
+    assert call.stats.row_slots == sum(map(len, prompts)) - 2 * 20 + 3 * 8 * 6  # the document once, each prompt once
 
 
 def test_num_return_sequences_without_constraints():

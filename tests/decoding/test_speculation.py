@@ -107,18 +107,13 @@ def test_draft_limits(adaptive, monkeypatch):
     """Every draft is within its stream's room and limit; the adaptive limit shrinks after a rejection."""
     model, prompts = tiny_model("llama"), prompts_with_repeats(4)
     want = [generate_alone(model, p, NEW) for p in prompts]
-    Oracle(prompts, want, every=3).install(monkeypatch)
-    asked, draft = [], PromptLookup.draft  # (limit asked, the stream's room left)
-
-    def asking(lookup, stream, k):
-        done = len(lookup.history[stream]) - len(prompts[stream])
-        asked.append((k, NEW - 1 - done))
-        return draft(lookup, stream, k)
-
-    monkeypatch.setattr(PromptLookup, "draft", asking)
+    oracle = Oracle(prompts, want, every=3)
+    oracle.install(monkeypatch)
     got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=[], prompt_lookup_num_tokens=6,
                           adaptive_drafts=adaptive)  # fmt: skip
     assert got == want
+    asked = [(k, NEW - 1 - done) for _, done, k in oracle.asked]  # (limit asked, the stream's room left)
+    assert asked
     assert all(0 <= k <= min(6, left) for k, left in asked)
     assert any(k < min(6, left) for k, left in asked) == adaptive
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_parallel import generate_parallel, generate_tokens
+from hf_parallel import generate_parallel, generate_tokens, stream_tokens
 from tests.helpers.models import VOCAB, tiny_model
 
 
@@ -51,21 +51,18 @@ def test_empty_prompt_and_bad_token_ids(llama):
         generate_tokens(llama, [[3, VOCAB + 5]], max_new_tokens=2)
 
 
-def test_bad_token_ids_are_named_by_prompt_where_prompts_share_them(llama, monkeypatch):
+def test_bad_token_ids_are_named_by_prompt_where_prompts_share_them(llama):
     """The ids are checked once each over the prompts' prefix tree (a shared document once); an id outside the
     vocabulary, in a shared part or a prompt's own, is still reported against the first prompt holding it."""
-    from hf_parallel.engine import generate
-
     doc = [3, 4, 5, 6]
     for prompts, first in [([doc + [7], doc + [VOCAB + 1], doc + [-2]], 1),
                            ([doc + [7], [3, VOCAB] + doc, [3, VOCAB] + doc + [8]], 1),
                            ([[3, -1] + doc, [3, -1] + doc + [9]], 0)]:  # fmt: skip
         with pytest.raises(ValueError, match=f"prompt {first} has token ids outside the vocabulary"):
             generate_tokens(llama, prompts, max_new_tokens=2)
-    scans = []
-    monkeypatch.setattr(generate, "check_tokens", lambda *args: scans.append(args))
-    generate_tokens(llama, [doc + [7], doc + [8]], max_new_tokens=2)
-    assert scans == []  # valid ids: no prompt scanned whole
+    call = stream_tokens(llama, [doc + [7], doc + [8]], max_new_tokens=2)
+    assert len(dict(call)) == 2
+    assert call.stats.ids_checked == len(doc) + 2  # valid ids: the document's once, no prompt scanned whole
 
 
 def test_prompt_beyond_max_positions(llama):

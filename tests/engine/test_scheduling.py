@@ -12,9 +12,8 @@ import torch
 
 from hf_parallel import Session, generate_tokens, stream_tokens
 from hf_parallel.decoding.sizes import parse_memory
-from hf_parallel.engine.policies import Refill
+from hf_parallel.row.cache import PackedCache
 from hf_parallel.row.layout import build_layout
-from hf_parallel.runner.patching import ModelProfile
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
 from tests.helpers.prompts import corpus
 from tests.helpers.sizing import max_memory_for
@@ -60,25 +59,18 @@ def test_a_document_admitted_into_the_last_room_does_not_take_its_questions_one_
     assert forwards[0] <= (4 + 1) * NEW
 
 
-def test_triton_path_with_refill(monkeypatch):
+def test_triton_path_with_refill():
     """The Triton kernel (its interpreter on the CPU) over a refilled row: prompts admitted while others decode."""
     model = tiny_model("qwen2").to("cuda" if torch.cuda.is_available() else "cpu")
     prompts = corpus(1, docs=2, questions=4)
     capacity = 60
     assert build_layout(prompts, NEW).num_slots >= 2 * capacity  # two rows' worth at least
-    admit, refills = Refill.admit, []
-
-    def admitting(self, live):
-        admitted = admit(self, live)
-        refills.extend([live] if admitted and live else [])
-        return admitted
-
-    monkeypatch.setattr(Refill, "admit", admitting)
     eos = [generate_alone(model, prompts[1], NEW)[3]]
-    got = generate_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",
-                          max_memory=max_memory_for(model, capacity))  # fmt: skip
-    assert got == expected(model, prompts, eos)
-    assert refills  # some prompts were admitted beside live streams
+    call = stream_tokens(model, prompts, max_new_tokens=NEW, eos_token_id=eos, prefill_chunk=CHUNK, attn="triton",
+                         max_memory=max_memory_for(model, capacity))  # fmt: skip
+    got = dict(call)
+    assert [got[i] for i in range(len(prompts))] == expected(model, prompts, eos)
+    assert call.stats.refills  # some prompts were admitted beside live streams
 
 
 @pytest.mark.parametrize("refill", [True, False])
@@ -121,26 +113,24 @@ def test_memory_sizes_parse():
     assert parse_memory("40GiB") == 40 * 2**30 and parse_memory("500 MB") == 500 * 10**6 and parse_memory(7) == 7
 
 
-def test_nothing_of_a_call_outlives_it(llama, monkeypatch):
+def test_nothing_of_a_call_outlives_it(llama):
     """No reference cycle keeps a call's cache (or anything holding it) alive: it goes with the call, no gc."""
-    caches, build = [], ModelProfile.cache
-
-    def watched(self, num_slots):
-        cache = build(self, num_slots)
-        caches.append(weakref.ref(cache))
-        return cache
-
-    monkeypatch.setattr(ModelProfile, "cache", watched)
     prompts = corpus(5, docs=2, questions=3)
     gc.collect()
     gc.disable()
     try:
+        assert not _caches()
         generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[])
         generate_tokens(llama, prompts, max_new_tokens=4, eos_token_id=[], max_memory=max_memory_for(llama, 50),
                         prefill_chunk=CHUNK)  # fmt: skip
-        assert caches and all(ref() is None for ref in caches)
+        assert not _caches()  # a cache in a reference cycle would be left for the (disabled) collector
     finally:
         gc.enable()
+
+
+def _caches() -> list[PackedCache]:
+    """The packed caches alive now (those the garbage collector tracks: every instance)."""
+    return [o for o in gc.get_objects() if issubclass(type(o), PackedCache)]  # type(): no proxy asked its class
 
 
 def test_a_session_keeps_nothing_off_cuda_and_releases(llama):

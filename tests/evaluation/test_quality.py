@@ -259,8 +259,6 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, resamples=50,
                            checkpoint=str(tmp_path / "run.jsonl"))  # fmt: skip
     whole = run(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
-    calls, real = [], methods.generate_rows
-    monkeypatch.setattr(methods, "generate_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     real_tokens = methods.generate_tokens
 
     def interrupted(*args, **kwargs):  # the parallel method's second call never finishes
@@ -271,18 +269,18 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setattr(methods, "generate_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(config, model, tokenizer)
-    standard_calls = len(calls)  # one per question: the standard method finished
+    standard_calls = whole["run_calls"]["standard"]  # one per question: the standard method finished
     with open(config.checkpoint, "a") as f:
         f.write('{"method": "parallel", "call": 1, "indi')  # a line cut short by the interruption
     monkeypatch.setattr(methods, "generate_tokens", real_tokens)
-    calls.clear()
     resumed = run(config, model, tokenizer)
     assert resumed["resumed_calls"] == {"standard": standard_calls, "parallel": 1, "batch": 0}
-    assert len(calls) == 3  # only batch prompting's calls (one per document) ran again
+    # the parallel method's and batch prompting's calls are one per document (3): the rest of them ran
+    assert resumed["run_calls"] == {"standard": 0, "parallel": 3 - 1, "batch": 3}
     assert [q["raw"] for q in resumed["questions"]] == [q["raw"] for q in whole["questions"]]
     assert resumed["batch_outputs"] == whole["batch_outputs"]
     again = run(config, model, tokenizer)  # every call in the checkpoint now: nothing runs, same report
-    assert len(calls) == 3 and again["summary"] == resumed["summary"]
+    assert again["run_calls"] == {"standard": 0, "parallel": 0, "batch": 0} and again["summary"] == resumed["summary"]
     with pytest.raises(ValueError, match="checkpoint of another run"):
         run(QualityConfig(**{**config.__dict__, "max_new_tokens": 4}), model, tokenizer)
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hf_parallel.frontends.corpus as corpus
-from hf_parallel import generate_parallel, generate_tokens
+from hf_parallel import Stats, generate_parallel, generate_tokens
 from hf_parallel.frontends.corpus import CorpusAnswer, answer_corpus, finished_answers, read_corpus, read_json_lines
 from hf_parallel.frontends.datasets import answer_dataset
 from hf_parallel.frontends.jsonlines import CheckpointError
@@ -28,17 +28,9 @@ DOCUMENTS = [
 
 
 @pytest.fixture
-def calls(monkeypatch):
-    """The prompts of every stream_tokens call answer_corpus makes."""
-    made = []
-
-    def counting(model, prompts, **options):
-        made.append(prompts)
-        return stream_tokens(model, prompts, **options)
-
-    stream_tokens = corpus.stream_tokens
-    monkeypatch.setattr(corpus, "stream_tokens", counting)
-    return made
+def calls():
+    """What the generate calls of a test count into, passed on as `stats=`: how many, and their prompts."""
+    return Stats()
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +47,9 @@ def test_answer_corpus_answers_each_document_as_generate_parallel(smollm2, calls
     model, tokenizer = smollm2
     records = [DOCUMENTS[0], {"id": "everest", "document": DOCUMENTS[1][0], "questions": DOCUMENTS[1][1]},
                {"document": DOCUMENTS[2][0], "questions": DOCUMENTS[2][1]}]  # fmt: skip
-    got = list(answer_corpus(model, tokenizer, records, tokens_per_call=tokens_per_call, max_new_tokens=NEW))
-    assert len(calls) == expected_calls
+    got = list(answer_corpus(model, tokenizer, records, tokens_per_call=tokens_per_call, max_new_tokens=NEW,
+                             stats=calls))  # fmt: skip
+    assert calls.calls == expected_calls
     got.sort(key=lambda answer: answer.index)  # yielded as they finish
     assert [(a.index, a.id) for a in got] == [(0, 0), (1, "everest"), (2, 2)]
     for answer, (document, questions) in zip(got, DOCUMENTS):
@@ -77,12 +70,12 @@ def test_answer_corpus_streams_lazily_in_calls_within_the_token_budget(tiny, cal
             yield document.lower(), questions
 
     budget = corpus.prompt_tokens(_prompts(tokenizer, 0)) + corpus.prompt_tokens(_prompts(tokenizer, 1))
-    stream = answer_corpus(model, tokenizer, records(), tokens_per_call=budget, max_new_tokens=3)
+    stream = answer_corpus(model, tokenizer, records(), tokens_per_call=budget, max_new_tokens=3, stats=calls)
     first = next(stream)
     assert first.index in (0, 1) and read == [0, 1, 2]  # the third document did not fit: the first call is made
-    assert [len(c) for c in calls] == [4]
+    assert (calls.calls, calls.prompts) == (1, 4)
     rest = [a.index for a in stream]
-    assert sorted([first.index, *rest]) == [0, 1, 2] and rest[-1] == 2 and [len(c) for c in calls] == [4, 2]
+    assert sorted([first.index, *rest]) == [0, 1, 2] and rest[-1] == 2 and (calls.calls, calls.prompts) == (2, 6)
 
 
 def test_each_document_is_yielded_as_its_last_stream_finishes_within_the_call(tiny, monkeypatch):
@@ -127,8 +120,8 @@ def _prompts(tokenizer, i):
 
 def test_a_document_without_questions_gets_no_answers_and_no_call(tiny, calls):
     model, tokenizer = tiny
-    got = list(answer_corpus(model, tokenizer, [("a doc.", [])], max_new_tokens=2))
-    assert got == [CorpusAnswer(0, 0, "a doc.", [], [])] and calls == []
+    got = list(answer_corpus(model, tokenizer, [("a doc.", [])], max_new_tokens=2, stats=calls))
+    assert got == [CorpusAnswer(0, 0, "a doc.", [], [])] and calls.calls == 0
 
 
 @pytest.mark.parametrize("records, error, message", [
@@ -141,18 +134,18 @@ def test_a_document_without_questions_gets_no_answers_and_no_call(tiny, calls):
 def test_bad_records_are_refused_before_any_model_work(tiny, calls, records, error, message):
     model, tokenizer = tiny
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
-        answer_corpus(model, tokenizer, records, max_new_tokens=2)
-    assert calls == []
+        answer_corpus(model, tokenizer, records, max_new_tokens=2, stats=calls)
+    assert calls.calls == 0
 
 
 def test_a_prompt_longer_than_the_model_takes_is_named_by_its_record(tiny, calls):
     model, tokenizer = tiny
     records = [{"id": "long", "document": "word " * 60, "questions": ["why?"]}]  # 256 positions
     with pytest.raises(ValueError, match=r"record 0 \(id 'long'\)'s question 0 has \d+ tokens"):
-        list(answer_corpus(model, tokenizer, records, max_new_tokens=2))
+        list(answer_corpus(model, tokenizer, records, max_new_tokens=2, stats=calls))
     with pytest.raises(ValueError, match="tokens_per_call must be an integer >= 1, got 0"):
-        answer_corpus(model, tokenizer, records, tokens_per_call=0)
-    assert calls == []
+        answer_corpus(model, tokenizer, records, tokens_per_call=0, stats=calls)
+    assert calls.calls == 0
 
 
 @pytest.mark.parametrize("progress, shown", [(True, True), (False, False), (None, False)])
@@ -179,11 +172,11 @@ def test_answer_dataset_adds_each_rows_answer_in_order(smollm2, calls):
     datasets = pytest.importorskip("datasets", reason="the datasets integration needs `pip install datasets`")
     model, tokenizer = smollm2
     dataset, rows = squad_like(datasets)
-    answered = answer_dataset(model, tokenizer, dataset, max_new_tokens=NEW)
+    answered = answer_dataset(model, tokenizer, dataset, max_new_tokens=NEW, stats=calls)
     assert answered.column_names == ["context", "question", "id", "answer"] and answered["id"] == dataset["id"]
     expected = [generate_parallel(model, tokenizer, d, qs, max_new_tokens=NEW) for d, qs in DOCUMENTS]
     assert list(answered["answer"]) == [expected[d][q] for d, q in rows]
-    assert len(calls) == 1 and len(calls[0]) == len(rows)  # one call; each question once
+    assert (calls.calls, calls.prompts) == (1, len(rows))  # one call; each question once
 
 
 @pytest.mark.slow
@@ -192,26 +185,25 @@ def test_answer_dataset_resumes_from_its_checkpoint(smollm2, calls, tmp_path, mo
     model, tokenizer = smollm2
     dataset, _ = squad_like(datasets)
     checkpoint = tmp_path / "answers.jsonl"
-    whole = answer_dataset(model, tokenizer, dataset, answer_column="a", tokens_per_call=1, max_new_tokens=NEW)
-    assert len(calls) == 3
+    options = dict(tokens_per_call=1, max_new_tokens=NEW, stats=calls)  # one Stats over the runs: their calls' total
+    whole = answer_dataset(model, tokenizer, dataset, answer_column="a", **options)
+    assert calls.calls == 3
     stream = corpus.stream_tokens
 
     def interrupted(model, prompts, **options):  # the second call is interrupted
-        if len(calls) == 4:
+        if calls.calls == 4:
             raise KeyboardInterrupt
         return stream(model, prompts, **options)
 
     monkeypatch.setattr(corpus, "stream_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
+        answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options)
     assert [r and r.get("row") for r in read_json_lines(checkpoint)[1:]] == [0]  # document 0: rows 0, 1, 3
-    monkeypatch.setattr(corpus, "stream_tokens", stream)  # counts calls again
-    calls.clear()
-    resumed = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, tokens_per_call=1, max_new_tokens=NEW)
-    assert len(calls) == 2 and list(resumed["answer"]) == list(whole["a"])
-    calls.clear()
-    again = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW)
-    assert calls == [] and list(again["answer"]) == list(whole["a"])  # all taken from the checkpoint
+    monkeypatch.setattr(corpus, "stream_tokens", stream)
+    resumed = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, **options)  # its stats= counts more
+    assert calls.calls == 4 + 2 and list(resumed["answer"]) == list(whole["a"])
+    again = answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW, stats=calls)
+    assert calls.calls == 6 and list(again["answer"]) == list(whole["a"])  # all taken from the checkpoint
     with pytest.raises(CheckpointError, match="is the checkpoint of another run"):
         answer_dataset(model, tokenizer, dataset, checkpoint=checkpoint, max_new_tokens=NEW + 1)
 
