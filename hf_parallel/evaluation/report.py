@@ -160,5 +160,6 @@ def read_report(path: str | Path) -> dict:
         report = json.load(f)
     missing = [k for k in _REPORT_KEYS if not isinstance(report, dict) or k not in report]
     if missing:
-        raise ValueError(f"not a report written by `evaluate_quality` (it has no {', '.join(missing)})")
+        what = "not a report that `hf-parallel eval` (evaluate_quality) wrote"
+        raise ValueError(f"{what} (it has no {', '.join(missing)})")
     return report
