@@ -48,7 +48,7 @@ ALLOWED = {  # commands that cannot run here, and why
 ALLOWED_SCRIPTS = {"my_script.py": "the reader's own script, which torchrun starts on every rank"}
 # where a command line stops once its flags are parsed: the work each command starts with
 CLI_STOPS = (
-    "hf_parallel.cli._demo",
+    "hf_parallel.frontends.demo.run",
     "hf_parallel.cli.answer.answer_document",
     "hf_parallel.cli.corpus.answer_corpus",
     "hf_parallel.harness.cli.embedded_model_dir",
@@ -147,19 +147,18 @@ def check_script(path: str, args: list[str], previous: dict[str, list[str]]) -> 
         args = previous.get(path, []) + args[1:]
     previous[path] = args
     if script.name == "ab_bench.py":  # argv by position, and it imports a second copy of the package (BASELINE)
-        shapes, repeats, parts = args
         known = set(eval_module("bench").SHAPES)
-        return None if set(shapes.split(",")) <= known and repeats.isdigit() and {*parts.split(",")} <= {
-            "row", "corpus"} else f"ab_bench.py takes SHAPES ({sorted(known)}) REPEATS row,corpus"  # fmt: skip
+        shapes, repeats, parts = [*args, "", "", ""][:3]
+        fits = set(shapes.split(",")) <= known and repeats.isdigit() and set(parts.split(",")) <= {"row", "corpus"}
+        return None if fits and len(args) == 3 else f"ab_bench.py takes SHAPES ({sorted(known)}) REPEATS row,corpus"
 
     def run():
-        saved, sys.argv = sys.argv, [str(script), *args]
-        sys.path[:0] = [str(script.parent), str(EVAL)]  # as python puts the script's folder first
+        saved, sys.argv, path = sys.argv, [str(script), *args], list(sys.path)
+        sys.path.insert(0, str(script.parent))  # as python puts the script's folder first
         try:
             runpy.run_path(str(script), run_name="__main__")
         finally:
-            sys.argv = saved
-            del sys.path[:2]
+            sys.argv, sys.path[:] = saved, path  # the folders the script put on the path too
 
     return usage_error(run)
 
@@ -278,6 +277,7 @@ def test_every_command_of_a_bash_block_checks_out(page, tmp_path, monkeypatch):
     ("python eval/corpus_bench.py --part fits", "unrecognized arguments"),
     ("python eval/gone.py", "no script"),
     ("python eval/ab_bench.py llama-9b 3 row", "takes SHAPES"),
+    ("python eval/ab_bench.py qwen2.5-7b 3", "takes SHAPES"),
     ("accelerate launch --num_processes 2 -m hf_parallel answer --corpus a --outt b", "unrecognized arguments"),
     ("torchrun --nproc_per_node 2 eval/scale_bench.py --mode tpp", "invalid choice"),
     ("python -m pytest tests/library/test_nothing.py", "no such test file"),
