@@ -131,6 +131,18 @@ METHODS = {  # generate_tokens options, and whether the layout is the paper's in
     "pp_every_dim_dynamic": (dict(attn="triton", tuning=Tuning(static_widths=False)), False),
 }
 
+STOCK_METHODS = ("stock", "stock_full", "stock_tuned", "generate_batch")  # timed by run_stock & co., not run_pp
+
+
+def method_list(text: str) -> list[list[str]]:
+    """--methods, `METHOD[@W1|W2],...`: [METHOD] or [METHOD, "W1|W2"] each; a method neither in METHODS nor in
+    STOCK_METHODS is a usage error before any model loads."""
+    methods = [m.split("@", 1) for m in text.split(",")]
+    unknown = [m for m, *_ in methods if m not in METHODS and m not in STOCK_METHODS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown methods {unknown}: each is one of {[*STOCK_METHODS, *METHODS]}")
+    return methods
+
 
 @dataclass
 class Workload:
@@ -557,6 +569,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--methods",
         default="stock,pp_reference,pp_triton,pp_p1,pp_interleaved",
+        type=method_list,
         help="comma list; METHOD@W1|W2 runs METHOD only on the named workloads",
     )
     parser.add_argument(
@@ -612,7 +625,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{args.model}{args.tag}"
-    methods = [m.split("@") for m in args.methods.split(",")]
+    methods = args.methods
     started = time.perf_counter()
     for kind in args.workloads.split(","):
         for work in grids(kind, args.scale):

@@ -47,9 +47,9 @@ from hf_parallel.frontends.judging import (
     render_judgments,
 )
 from hf_parallel.frontends.prompting import render_prompts
-from hf_parallel.frontends.scoring import score_tree, target_rows, tree_sequences
+from hf_parallel.frontends.scoring import score_tree
 from hf_parallel.models.checks import cache_keyword
-from hf_parallel.row.layout import build_layout
+from hf_parallel.row.layout import Layout, build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad-dev-v1.1.json.zip"
@@ -199,6 +199,39 @@ def run_staged_tree(model, w: Workload):
             out[sel] = logits[inverse, targets[sel]] - torch.logsumexp(logits, -1)[inverse]
     flat = iter(out.split(sizes))
     return [[next(flat) for _ in c] for c in w.continuations], layout.num_slots, forwards
+
+
+def tree_sequences(prompts, continuations) -> tuple[list[list[int]], list[int]]:
+    """The distinct token sequences the tree must hold (prompt + continuation[:-1]) and each candidate's one."""
+    index: dict[tuple[int, ...], int] = {}
+    seq_of = []
+    for prompt, cands in zip(prompts, continuations):
+        for cont in cands:
+            seq_of.append(index.setdefault(tuple(prompt + cont[:-1]), len(index)))
+    return [list(s) for s in index], seq_of
+
+
+def target_rows(layout: Layout, continuations, seq_of):
+    """Every (row slot [M], target token [M]) pair read, candidate after candidate, and each one's count."""
+    rows, targets, sizes = [], [], []
+    flat = (cont for cands in continuations for cont in cands)
+    for s, cont in zip(seq_of, flat):
+        rows.append(_tail_slots(layout, layout.prompt_ends[s], len(cont)))
+        targets.append(torch.tensor(cont))
+        sizes.append(len(cont))
+    return torch.cat(rows), torch.cat(targets), sizes
+
+
+def _tail_slots(layout: Layout, seg_id: int, n: int) -> torch.Tensor:
+    """Slots [n] of the last `n` tokens of the sequence ending in segment `seg_id`, in order."""
+    parts = []
+    while n > 0:
+        seg = layout.segments[seg_id]
+        take = min(n, len(seg.tokens))
+        stop = seg.slot_start + len(seg.tokens)
+        parts.append(torch.arange(stop - take, stop))
+        n, seg_id = n - take, seg.parent
+    return torch.cat(parts[::-1])
 
 
 def run_tree(model, w: Workload, attn: str, prefill_chunk: int | None):
@@ -391,7 +424,7 @@ def main() -> None:
         default=None,
         help="only these methods (alone always runs: it is the baseline of the comparison)",
     )
-    parser.add_argument("--max-tokens-per-forward", type=int, default=None)
+    parser.add_argument("--prefill-chunk", type=int, default=None, help="most prompt tokens per forward of the tree")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

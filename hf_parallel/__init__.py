@@ -8,8 +8,9 @@ its question were asked alone.
 first use (PEP 562), so that the command line starts at once.  Every name a user needs is here:
 generation (`generate_parallel`, `generate_tokens`, `stream_tokens`, `Session`, `Stats`), scoring and
 judging, attention paths (`TritonBackend`, `ReferenceBackend`), many documents (`answer_corpus`,
-`answer_dataset`), models (`load_smollm2`, `load_model`), the serving engine (`Engine`) and the
-lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
+`answer_dataset`), models (`load_smollm2`, `load_model`), the serving engine (`Engine`), answer
+quality against one question at a time (`evaluate_quality`, which needs the `eval` extra, `QualityConfig`)
+and the lm-evaluation-harness backend (`HFParallelLM`, which needs `lm-eval`).  It also adds
 `model.generate_parallel(document, questions, tokenizer=...)` to every transformers model, as
 soon as transformers defines `PreTrainedModel` (at once where it already has).
 """
@@ -29,6 +30,8 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
     from .engine.serving import Engine  # noqa: F401
     from .engine.stats import Stats  # noqa: F401
+    from .evaluation.config import QualityConfig  # noqa: F401
+    from .evaluation.quality import evaluate_quality  # noqa: F401
     from .frontends.corpus import CorpusAnswer, answer_corpus  # noqa: F401
     from .frontends.datasets import answer_dataset  # noqa: F401
     from .frontends.default_model import load_smollm2  # noqa: F401
@@ -66,6 +69,8 @@ _SOURCES = {  # each public name and the module that defines it
     "load_smollm2": ".frontends.default_model",
     "load_model": ".frontends.model_loading",
     "Engine": ".engine.serving",
+    "QualityConfig": ".evaluation.config",
+    "evaluate_quality": ".evaluation.quality",  # needs the `eval` extra (scipy)
     "HFParallelLM": ".harness.model",  # needs lm-eval; importing it registers the harness's model `hf-parallel`
 }
 __all__ = list(_SOURCES)

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> None:
         return merge_main(argv[1:], f"{prog} merge" if prog else "quality.py merge")
     config = parse_config(argv, prog)
     try:
-        quality.run(config)
+        quality.evaluate_quality(config)
     except (DatasetFileError, ModelSourceError, CheckpointError) as error:  # the user's input, not a bug
         _parser(prog).fail(str(error))
     except KeyboardInterrupt:

@@ -108,7 +108,7 @@ def _environment(load_before) -> dict:
     }
 
 
-def run(config: QualityConfig, model=None, tokenizer=None) -> dict:
+def evaluate_quality(config: QualityConfig, model=None, tokenizer=None) -> dict:
     """Load the data (and `config.model` unless given a model), evaluate, write JSON and table, print the table.
 
     Data that cannot be read raises `DatasetFileError`; a model that cannot be loaded, `ModelSourceError`;

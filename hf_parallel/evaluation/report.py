@@ -154,12 +154,13 @@ def merge_reports(reports: list[dict]) -> dict:
 
 
 def read_report(path: str | Path) -> dict:
-    """A report JSON written by `run` (gzipped when the name ends in .gz); ValueError if it is not one."""
+    """A report JSON written by `evaluate_quality` (gzipped when the name ends in .gz); ValueError if it is not one."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
         report = json.load(f)
     missing = [k for k in _REPORT_KEYS if not isinstance(report, dict) or k not in report]
     if missing:
-        raise ValueError(f"not a report written by `run` (it has no {', '.join(missing)})")
+        what = "not a report that `hf-parallel eval` (evaluate_quality) wrote"
+        raise ValueError(f"{what} (it has no {', '.join(missing)})")
     return report

@@ -90,7 +90,7 @@ def test_eval_with_the_wrong_dataset_for_its_file(tmp_path, capsys, no_model):
 ])  # fmt: skip
 def test_eval_flag_values_the_config_refuses(monkeypatch, capsys, flags, message):
     ran = []
-    monkeypatch.setattr(quality, "run", ran.append)
+    monkeypatch.setattr(quality, "evaluate_quality", ran.append)
     err = usage_error(capsys, ["eval", *flags])
     assert f"hf-parallel eval: error: {message}" in err and not ran
 
@@ -201,7 +201,7 @@ def _report(question_id: str) -> dict:
 
 @pytest.mark.parametrize("files, message", [
     ({"a.json": None}, "cannot read the report {first}: [Errno 2] No such file"),
-    ({"a.json": "{}"}, "cannot read the report {first}: not a report written by `run`"),
+    ({"a.json": "{}"}, "cannot read the report {first}: not a report that `hf-parallel eval` (evaluate_quality) wrote"),
     ({"a.json.gz": "{}"}, "cannot read the report {first}: Not a gzipped file"),
     ({"a.json": json.dumps(_report("x")), "b.json": json.dumps(_report("y"))}, "the reports cover different"),
 ])  # fmt: skip

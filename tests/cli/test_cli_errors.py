@@ -77,7 +77,7 @@ def test_ctrl_c_answering_a_corpus_says_what_out_holds_and_the_same_command_resu
 
 
 def test_ctrl_c_in_eval_names_the_checkpoint_to_resume_from(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(quality, "run", ctrl_c)
+    monkeypatch.setattr(quality, "evaluate_quality", ctrl_c)
     err = interrupted(capsys, ["eval", "--checkpoint", str(tmp_path / "run.jsonl")])
     assert err == [
         f"hf-parallel eval: interrupted; the finished generate calls are in {tmp_path / 'run.jsonl'}; run the same "

@@ -17,7 +17,7 @@ from hf_parallel.evaluation.loaders import load_quac
 from hf_parallel.evaluation.methods import StopAtString
 from hf_parallel.evaluation.metrics import squad_f1
 from hf_parallel.evaluation.prompts import postprocess, question_prompts
-from hf_parallel.evaluation.quality import run
+from hf_parallel.evaluation.quality import evaluate_quality
 from hf_parallel.evaluation.report import merge_reports, paired_bootstrap, read_report
 from tests.helpers.char_tokenizers import char_tokenizer
 from tests.helpers.models import tiny_model
@@ -174,7 +174,7 @@ def test_runner_end_to_end_on_a_tiny_model(tmp_path):
     out = tmp_path / "out" / "squad.json"
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, docs_per_call=2, out=str(out),
                            resamples=200)  # fmt: skip
-    report = run(config, model, tokenizer)
+    report = evaluate_quality(config, model, tokenizer)
     _check_report(report, 6)
     assert json.loads(out.read_text())["summary"] == report["summary"]
     table = out.with_suffix(".md").read_text()
@@ -183,8 +183,9 @@ def test_runner_end_to_end_on_a_tiny_model(tmp_path):
         assert record["predictions"]["standard"] == record["raw"]["standard"].strip().split("\n")[0].strip()
         assert record["scores"]["batch"]["f1"] == squad_f1(record["predictions"]["batch"], record["answers"])
     assert [r["id"] for r in report["questions"]] == list("abcdef")
-    limited = run(QualityConfig(data=config.data, max_new_tokens=5, limit=4, methods=("parallel", "standard")),
-                  model, tokenizer)  # fmt: skip
+    limited = evaluate_quality(
+        QualityConfig(data=config.data, max_new_tokens=5, limit=4, methods=("parallel", "standard")), model, tokenizer
+    )
     assert [r["predictions"]["parallel"] for r in limited["questions"]] == [
         r["predictions"]["parallel"] for r in report["questions"][:4]
     ]  # same answers one document per call
@@ -194,11 +195,11 @@ def test_runner_on_quac_dialogues_and_batched_standard(tmp_path):
     model, tokenizer = _tiny("qwen2"), char_tokenizer()
     config = QualityConfig(dataset="quac", data=str(_quac_fixture(tmp_path)), max_new_tokens=4,
                            standard_batch_size=3, resamples=100)  # fmt: skip
-    report = run(config, model, tokenizer)
+    report = evaluate_quality(config, model, tokenizer)
     assert report["n_questions"] == 4 and report["n_documents"] == 2
     summary = report["summary"]["standard"]
     assert summary["em"] is None and {"heq_q", "heq_d", "human_f1"} <= set(summary)
-    one_at_a_time = run(QualityConfig(**{**config.__dict__, "standard_batch_size": 1}), model, tokenizer)
+    one_at_a_time = evaluate_quality(QualityConfig(**{**config.__dict__, "standard_batch_size": 1}), model, tokenizer)
     _check_report(one_at_a_time, 4)
 
 
@@ -217,8 +218,8 @@ def test_stop_at_string_stops_each_row_at_its_own_string():
 def test_batch_prompting_rows_batched_give_the_same_outputs(tmp_path):
     model, tokenizer = _tiny("llama"), char_tokenizer(chat=False)
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=6, methods=("batch",), resamples=50)
-    alone = run(config, model, tokenizer)
-    batched = run(QualityConfig(**{**config.__dict__, "batch_rows": 2}), model, tokenizer)
+    alone = evaluate_quality(config, model, tokenizer)
+    batched = evaluate_quality(QualityConfig(**{**config.__dict__, "batch_rows": 2}), model, tokenizer)
     assert batched["batch_outputs"] == alone["batch_outputs"]
     assert [len(t) for t in alone["batch_outputs"]] != [0, 0, 0]
 
@@ -226,8 +227,8 @@ def test_batch_prompting_rows_batched_give_the_same_outputs(tmp_path):
 def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
     model, tokenizer = _tiny("llama"), char_tokenizer()
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, docs_per_call=2, resamples=200)
-    whole = run(config, model, tokenizer)
-    parts = [run(QualityConfig(**{**config.__dict__, "methods": methods}), model, tokenizer)
+    whole = evaluate_quality(config, model, tokenizer)
+    parts = [evaluate_quality(QualityConfig(**{**config.__dict__, "methods": methods}), model, tokenizer)
              for methods in (("batch",), ("standard", "parallel"))]  # fmt: skip
     path = tmp_path / "part.json.gz"
     with gzip.open(path, "wt") as f:
@@ -243,7 +244,7 @@ def test_reports_of_separate_runs_merge_into_the_report_of_one_run(tmp_path):
     assert merged["batch_outputs"] == whole["batch_outputs"]
     with pytest.raises(ValueError, match="more than one report"):
         merge_reports([whole, parts[0]])
-    other = run(QualityConfig(**{**config.__dict__, "methods": ("batch",), "limit": 3}), model, tokenizer)
+    other = evaluate_quality(QualityConfig(**{**config.__dict__, "methods": ("batch",), "limit": 3}), model, tokenizer)
     with pytest.raises(ValueError, match="different questions"):
         merge_reports([parts[1], other])
     main(["merge", str(path), "--out", str(tmp_path / "merged.json")])  # the command line
@@ -258,7 +259,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
     model, tokenizer = _tiny("llama"), char_tokenizer()
     config = QualityConfig(data=str(_squad_fixture(tmp_path)), max_new_tokens=5, resamples=50,
                            checkpoint=str(tmp_path / "run.jsonl"))  # fmt: skip
-    whole = run(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
+    whole = evaluate_quality(QualityConfig(**{**config.__dict__, "checkpoint": None}), model, tokenizer)
     real_tokens = methods.generate_tokens
 
     def interrupted(*args, **kwargs):  # the parallel method's second call never finishes
@@ -268,21 +269,21 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(methods, "generate_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run(config, model, tokenizer)
+        evaluate_quality(config, model, tokenizer)
     standard_calls = whole["run_calls"]["standard"]  # one per question: the standard method finished
     with open(config.checkpoint, "a") as f:
         f.write('{"method": "parallel", "call": 1, "indi')  # a line cut short by the interruption
     monkeypatch.setattr(methods, "generate_tokens", real_tokens)
-    resumed = run(config, model, tokenizer)
+    resumed = evaluate_quality(config, model, tokenizer)
     assert resumed["resumed_calls"] == {"standard": standard_calls, "parallel": 1, "batch": 0}
     # the parallel method's and batch prompting's calls are one per document (3): the rest of them ran
     assert resumed["run_calls"] == {"standard": 0, "parallel": 3 - 1, "batch": 3}
     assert [q["raw"] for q in resumed["questions"]] == [q["raw"] for q in whole["questions"]]
     assert resumed["batch_outputs"] == whole["batch_outputs"]
-    again = run(config, model, tokenizer)  # every call in the checkpoint now: nothing runs, same report
+    again = evaluate_quality(config, model, tokenizer)  # every call in the checkpoint now: nothing runs, same report
     assert again["run_calls"] == {"standard": 0, "parallel": 0, "batch": 0} and again["summary"] == resumed["summary"]
     with pytest.raises(ValueError, match="checkpoint of another run"):
-        run(QualityConfig(**{**config.__dict__, "max_new_tokens": 4}), model, tokenizer)
+        evaluate_quality(QualityConfig(**{**config.__dict__, "max_new_tokens": 4}), model, tokenizer)
 
 
 @pytest.mark.slow
@@ -291,7 +292,7 @@ def test_smollm2_squad_end_to_end(smollm2, tmp_path):
     config = QualityConfig(limit=6, max_new_tokens=16, out=str(tmp_path / "squad.json"), resamples=200)
     if not Path(config.data).exists():
         pytest.skip(f"offline copy {config.data} is absent (only this project's machines have ../shared/data)")
-    report = run(config, model, tokenizer)
+    report = evaluate_quality(config, model, tokenizer)
     _check_report(report, 6)
     assert report["summary"]["standard"]["f1"] > 0  # real answers get scored (SmolLM2-135M overlaps a little)
     assert report["batch_outputs"][0].strip()
@@ -310,7 +311,7 @@ def test_cli_eval_builds_the_config(monkeypatch):
     from hf_parallel.evaluation import quality
 
     seen = []
-    monkeypatch.setattr(quality, "run", seen.append)
+    monkeypatch.setattr(quality, "evaluate_quality", seen.append)
     cli.main(["eval", "--dataset", "drop", "--limit", "7", "--methods", "parallel"])
     assert (seen[0].dataset, seen[0].limit, seen[0].methods) == ("drop", 7, ("parallel",))
     with pytest.raises(SystemExit):

@@ -9,23 +9,20 @@ others of a page run in order in one namespace, as a reader would paste them, in
 
 from __future__ import annotations
 
-import ast
 import io
 import re
-import sys
 import tokenize
 from pathlib import Path
 
 import pytest
 
 import hf_parallel
-from tests.helpers.blocks import fenced_blocks, run_blocks
+from tests.helpers.blocks import fenced_blocks, refused_imports, run_blocks
 from tests.helpers.project import ROOT
 
 DOCS = ROOT / "docs"
 NEEDS = re.compile(r"# needs (.+)")
 REASONS = {"a GPU and the hub", "the hub", "the hub (datasets)", "a running server", "several processes"}
-OTHER_PACKAGES = {"torch", "transformers", "datasets"}
 # what only the hub or a GPU gives: a block with one of these must say so in its first line
 HUB_OR_GPU = ('device_map="cuda"', 'device="cuda"', "load_dataset(", "from_pretrained(", "urlopen(")
 
@@ -72,31 +69,6 @@ def test_a_block_skipped_says_why_in_its_first_line():
             assert reason is None or reason in REASONS, f"{page.name}: an unknown reason {reason!r}"
             if any(marker in code(block).replace(" ", "") for marker in HUB_OR_GPU):
                 assert reason, f"{page.name}: a block that needs the hub or a GPU does not say so:\n{block}"
-
-
-def imported_names(block: str) -> list[tuple[str, str | None]]:
-    """Each import of the block: (module, name) for `from module import name`, (module, None) for `import module`."""
-    names = []
-    for node in ast.walk(ast.parse(block)):
-        if isinstance(node, ast.Import):
-            names += [(alias.name, None) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names += [(node.module or "", alias.name) for alias in node.names]
-    return names
-
-
-def refused_imports(block: str) -> list[str]:
-    """The block's imports of anything but hf_parallel's top-level names, the standard library, torch,
-    transformers and datasets."""
-    refused = []
-    for module, name in imported_names(block):
-        top = module.split(".")[0]
-        if top == "hf_parallel":
-            if module != "hf_parallel" or (name is not None and name not in hf_parallel.__all__):
-                refused.append(f"from {module} import {name}" if name else f"import {module}")
-        elif top not in OTHER_PACKAGES and top not in sys.stdlib_module_names:
-            refused.append(module)
-    return refused
 
 
 def test_every_import_in_the_readme_and_the_docs_is_a_public_name():

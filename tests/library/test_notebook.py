@@ -1,4 +1,5 @@
-"""notebooks/quickstart.ipynb runs top to bottom: its code cells in one namespace, the model loaded once per session.
+"""notebooks/quickstart.ipynb runs top to bottom: its code cells in one namespace, the model loaded once per session,
+and imports only what `hf_parallel` itself exports (besides the standard library, torch, transformers, datasets).
 
 The cell tagged "install" (a `%pip install` from the clone, for a kernel that cannot import hf_parallel yet) is
 not run with the others: the tests must never install anything.  It is checked on its own, with IPython's
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+import hf_parallel
 from hf_parallel.evaluation.config import OFFLINE_DATA, SHARED_DATA
+from tests.helpers.blocks import refused_imports
 from tests.helpers.project import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
@@ -95,6 +98,12 @@ def test_install_cell_installs_only_when_missing(monkeypatch):
     assert [name for name, _ in shell.magics] == ["pip", "pip"] and '-e "..[notebook]"' in shell.magics[0][1]
 
 
+def test_the_notebook_imports_only_public_names():
+    cells = [source for _, source, tags in code_cells() if INSTALL_TAG not in tags]  # the install cell: %pip magics
+    assert sum("from hf_parallel import" in source for source in cells) >= 2
+    assert [name for source in cells for name in refused_imports(source)] == []
+
+
 def test_a_raising_cell_fails_the_run():
     namespace: dict = {}
     with pytest.raises(ZeroDivisionError):
@@ -104,7 +113,7 @@ def test_a_raising_cell_fails_the_run():
 
 @pytest.mark.slow
 def test_quickstart_notebook_runs(smollm2, monkeypatch, capsys):
-    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", lambda *a, **k: smollm2)
+    monkeypatch.setattr(hf_parallel, "load_smollm2", lambda *a, **k: smollm2)  # the name the notebook imports
     namespace: dict = {}
     printed = run_cells([(name, source) for name, source, tags in code_cells() if INSTALL_TAG not in tags], namespace)
     assert namespace["answers"] == namespace["alone"]  # the notebook's own claim, checked again here
