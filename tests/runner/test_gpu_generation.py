@@ -290,7 +290,7 @@ def test_every_ablation_answers_as_generate_and_replays_only_rounds_of_its_own()
     from hf_parallel import TritonBackend
 
     model = tiny_model("llama").cuda()
-    prompts = _prompts(13, 6, doc_len=300)  # a prefill chunk wider than MOST_ROWS: its q, k and v in columns or not
+    prompts = _prompts(13, 20, doc_len=200)  # a prefill wider than MOST_ROWS: its q, k and v in columns or not
     want = [generate_alone(model, p, 8, None) for p in prompts]
     options = dict(max_new_tokens=8, eos_token_id=[], attn="triton")
     ablations = [dict(tuning=Tuning(**{f.name: False})) for f in dataclasses.fields(Tuning)]
