@@ -99,10 +99,9 @@ def batch_calls(model, tokenizer, documents, prompts, config: QualityConfig, eos
 
 
 def execute(method: str, calls: list[GenerateCall], size: int, model, bar, checkpoint: Checkpoint | None = None):
-    """Run the calls (those not in the checkpoint); outputs by index, the calls' summed seconds, and the calls
-    resumed from the checkpoint and run."""
+    """Run the calls (those not in the checkpoint); outputs by index, the calls' summed seconds, calls resumed."""
     outputs: list[str | None] = [None] * size
-    seconds, resumed, ran = 0.0, 0, 0
+    seconds, resumed = 0.0, 0
     for k, call in enumerate(calls):
         record = checkpoint.get(method, k, call.indices) if checkpoint else None
         if record is not None:
@@ -112,14 +111,13 @@ def execute(method: str, calls: list[GenerateCall], size: int, model, bar, check
             start = _clock(model)
             got = call.run()
             took = _clock(model) - start
-            ran += 1
             if checkpoint:
                 checkpoint.add(method, k, call.indices, got, took)
         for i, text in zip(call.indices, got):
             outputs[i] = text
         seconds += took
         bar.update(call.questions)
-    return outputs, seconds, resumed, ran
+    return outputs, seconds, resumed
 
 
 def generate_rows(

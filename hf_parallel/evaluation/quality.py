@@ -57,7 +57,8 @@ def evaluate(model, tokenizer, documents: list[QADocument], config: QualityConfi
         else:
             calls, size = batch_calls(model, tokenizer, documents, batch_prompts, config, eos, pad), len(documents)
         with tqdm(total=len(items), desc=m, unit="q", disable=not shown(config.progress)) as bar:
-            raw[m], wall[m], resumed[m], ran[m] = execute(m, calls, size, model, bar, checkpoint)
+            raw[m], wall[m], resumed[m] = execute(m, calls, size, model, bar, checkpoint)
+        ran[m] = len(calls) - resumed[m]
         if m == "batch":
             batch_raw = raw[m]
             raw[m] = [a for d, text in zip(documents, batch_raw) for a in parse_batch_answers(text, len(d.items))]

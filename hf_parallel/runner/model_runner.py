@@ -108,8 +108,9 @@ class ModelRunner:
         self.cache_arg = cache_keyword(model)
         self.compile_failed = False
         self.fuses = fuses_layers(opts, captured, profile.recurrent)
-        # what a captured round records besides the backend's plan: a kept row's rounds replay only for the same
-        self.variant = (self.fuses, opts.compile, opts.tuning)
+        # what a captured round records besides the backend's plan (`fuses` follows from `compile` on a captured row):
+        # a kept row's rounds replay only for the same
+        self.variant = (opts.compile, opts.tuning)
         # sibling projections as one GEMM where a GPU runs the whole model (on a CPU a wider GEMM need not be faster);
         # not in a compiled step, whose graph would be guarded on each call's new member forwards
         self.groups = self.device.type == "cuda" and not where.eager_only and opts.compile is not True
