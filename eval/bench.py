@@ -59,6 +59,7 @@ import gzip
 import inspect
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -74,7 +75,7 @@ from hf_parallel.models.checks import cache_keyword
 from hf_parallel.row.layout import build_layout
 
 ROOT = Path(__file__).resolve().parents[1]
-BOOK = ROOT.parent / "shared" / "data" / "war-and-peace.txt.gz"
+BOOK = Path(os.environ.get("HF_PARALLEL_DATA") or ROOT.parent / "shared" / "data") / "war-and-peace.txt.gz"
 SHAPES = {  # random bf16 weights with real shapes: timing does not depend on weight values
     "codellama-7b": lambda: transformers.LlamaConfig(
         vocab_size=32016, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,

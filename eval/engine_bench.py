@@ -5,7 +5,8 @@
 `hf_parallel.engine.serving.Engine` from `--concurrency` closed-loop clients (each sends its next request when its
 last one is done), or all at once (`all`).  One untimed warm-up request shares nothing with the workload.  Reports
 requests done, wall seconds, output tokens/s, time to first token and latency (p50, p99), the engine's rounds and
-its prompt tokens requested and computed; the measured copy bandwidth and matmul rate, for the roofline.
+its prompt tokens requested and computed; the measured copy bandwidth and matmul rate, and the workload's bound
+at them (`bound`: what no engine can beat with that many live streams) with the fraction of it reached.
 
     python eval/engine_bench.py --model qwen2.5-7b --concurrency 64 all --out results/serve
 """
@@ -24,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import build_model, measure_ceilings  # noqa: E402
+from bench import _linear_params, build_model, measure_ceilings  # noqa: E402
 
 from hf_parallel.engine.serving import Engine  # noqa: E402
 
@@ -97,6 +98,58 @@ def run(model, prompts: list[list[int]], output_len: int, concurrency: int, max_
             "prompt_tokens": counters["prompt_tokens"], "computed_tokens": counters["computed_tokens"]}  # fmt: skip
 
 
+def bound(
+    config,
+    groups: int,
+    per_group: int,
+    system_len: int,
+    question_len: int,
+    output_len: int,
+    live: int,
+    closed_loop: bool,
+    ceilings: dict,
+) -> dict:
+    """The workload's bound at the measured ceilings, with `live` streams decoding in every round: the prefill's
+    FLOPs at the matmul rate, plus each decode round's max(bytes at the copy bandwidth, FLOPs at the matmul rate).
+
+    Prefill: every system prompt once and every question, all linear layers and attention (causal), the LM head for
+    each request's last token.  A decode round makes one token for each of `live` streams (the requests' first
+    tokens come from their prefill), reading the weights once, the KV of the system prompts its streams share once
+    each, and each stream's own KV (its question and, on average, half its answer).  How many system prompts
+    `live` streams share: with every request at once an engine may choose them, ceil(live / per_group); from
+    closed-loop clients the requests come in the workload's shuffled order, so the expected number of groups among
+    `live` requests drawn without replacement.  The attention's own FLOPs are counted; launches, the host and the
+    sampling are not, so no engine reaches it."""
+    c = config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2  # bf16 K and V
+    layer_params, head_params = _linear_params(c)
+    weights = 2 * (layer_params + head_params)
+    attn_flops = lambda q, k: 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * q * k  # noqa: E731
+    requests = groups * per_group
+    live = min(live, requests)
+    prefill_tokens = groups * system_len + requests * question_len
+    prefill_flops = (2 * layer_params * prefill_tokens + 2 * head_params * requests
+                     + groups * attn_flops(system_len, system_len / 2)
+                     + requests * attn_flops(question_len, system_len + question_len / 2))  # fmt: skip
+    if closed_loop:  # E[groups among `live` of `requests` drawn at random] = G (1 - C(N - P, L) / C(N, L))
+        miss = 1.0
+        for i in range(live):
+            miss *= max(requests - per_group - i, 0) / (requests - i)
+        shared = groups * (1 - miss)
+    else:
+        shared = -(-live // per_group)
+    own = question_len + output_len / 2
+    round_bytes = weights + kv_token * (shared * system_len + live * own)
+    round_flops = 2 * (layer_params + head_params) * live + attn_flops(live, system_len + own)
+    rounds = requests * (output_len - 1) / live
+    prefill_s = prefill_flops / ceilings["matmul"]
+    decode_s = rounds * max(round_bytes / ceilings["bandwidth"], round_flops / ceilings["matmul"])
+    return {"bound_s": round(prefill_s + decode_s, 3), "bound_prefill_s": round(prefill_s, 3),
+            "bound_decode_s": round(decode_s, 3), "bound_round_gb": round(round_bytes / 1e9, 2),
+            "bound_tokens_per_s": round(requests * output_len / (prefill_s + decode_s), 1)}  # fmt: skip
+
+
 def concurrency(text: str) -> int:
     return 0 if text == "all" else int(text)
 
@@ -125,11 +178,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if device.type == "cuda":
         ceilings = measure_ceilings(device)
         head.update(copy_tb_s=round(ceilings["bandwidth"] / 1e12, 2), matmul_tflops=round(ceilings["matmul"] / 1e12))
+    else:
+        ceilings = None
     print(json.dumps(head), flush=True)
     rows = []
     streams = args.max_streams * len(args.concurrency) if len(args.max_streams) == 1 else args.max_streams
     for clients, max_streams in zip(args.concurrency, streams):
-        rows.append({**head, **run(model, prompts, args.output_len, clients, max_streams, args.deadline)})
+        row = {**head, **run(model, prompts, args.output_len, clients, max_streams, args.deadline)}
+        if ceilings:
+            live = min(clients or len(prompts), max_streams)
+            row.update(
+                live_streams=live,
+                **bound(
+                    model.config,
+                    args.groups,
+                    args.prompts_per_group,
+                    args.system_len,
+                    args.question_len,
+                    args.output_len,
+                    live,
+                    bool(clients),
+                    ceilings,
+                ),
+            )
+            row["of_bound"] = round(row["output_tokens_per_s"] / row["bound_tokens_per_s"], 3)
+        rows.append(row)
         print(json.dumps(rows[-1]), flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -35,7 +36,7 @@ from hf_parallel.evaluation.prompts import question_prompts
 from hf_parallel.frontends.default_model import load_smollm2
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("HF_PARALLEL_DATA") or ROOT.parent / "shared" / "data")
 FILES = {"squad": "squad-dev-v1.1.json.zip", "drop": "drop-dev.jsonl.gz"}
 
 

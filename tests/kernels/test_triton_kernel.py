@@ -717,6 +717,8 @@ def test_long_documents_generate_as_model_generate():
     """Prefill through causal SDPA (document tokens) and the kernel (questions), then decode: == model.generate."""
     model = tiny_model("llama").to(DEVICE)
     _, prompts = two_documents(seed=5, max_new_tokens=5)
+    # on CUDA the prompts reach 2 * RUN + 50 tokens, past the tiny config's 256 positions (default rope: no table)
+    model.config.max_position_embeddings = max(map(len, prompts)) + 5
     layout = build_layout(prompts, 5)
     assert tile_plans.causal_runs(layout, layout.prompt_slots()[0][: RUN + 100], RUN)  # the SDPA path does run
     got = generate_layout(model, layout, max_new_tokens=5, eos_token_id=[], cuda_graphs=False, attn=run_backend(),
