@@ -43,8 +43,8 @@ from bench import SHAPES as BENCH_SHAPES  # noqa: E402
 
 import hf_parallel  # noqa: E402
 from hf_parallel.attention import resolve_backend  # noqa: E402
+from hf_parallel.frontends.probe import check_support  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402
-from hf_parallel.runner.probe import check_support  # noqa: E402
 from hf_parallel.runner.sizing import size_row  # noqa: E402
 
 LENGTH_BASE = 1000  # the question's last token is LENGTH_BASE + its answer length

@@ -2,7 +2,7 @@
 
 `--groups` system prompts of `--system-len` random token ids, each with `--prompts-per-group` questions of
 `--question-len` (shuffled, `--seed`); every request greedy, `--output-len` tokens (no EOS).  Requests go to one
-`hf_parallel.engine.serving.Engine` from `--concurrency` closed-loop clients (each sends its next request when its
+`hf_parallel.frontends.serving.Engine` from `--concurrency` closed-loop clients (each sends its next request when its
 last one is done), or all at once (`all`).  One untimed warm-up request shares nothing with the workload.  Reports
 requests done, wall seconds, output tokens/s, time to first token and latency (p50, p99), the engine's rounds and
 its prompt tokens requested and computed; the measured copy bandwidth and matmul rate, and the workload's bound
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _linear_params, build_model, measure_ceilings  # noqa: E402
 
-from hf_parallel.engine.serving import Engine  # noqa: E402
+from hf_parallel.frontends.serving import Engine  # noqa: E402
 
 
 def workload(groups: int, per_group: int, system_len: int, question_len: int, vocab: int, seed: int):

@@ -381,8 +381,8 @@ async def run_started(name: str, requests: list[Request], warmup: Request, args)
 def run_batch_file(requests: list[Request], args) -> dict:
     """Every request at once through `hf-parallel batch`'s runner, in this process: the model loaded and a one-line
     warm-up batch run first, untimed; then the workload as one OpenAI batch file, timed to its last output line."""
-    from hf_parallel.engine.serving import Engine
     from hf_parallel.frontends.model_loading import load_model
+    from hf_parallel.frontends.serving import Engine
     from hf_parallel.server.batch import run_batch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

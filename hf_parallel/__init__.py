@@ -27,26 +27,26 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from .attention.reference import ReferenceBackend  # noqa: F401
     from .attention.triton import TritonBackend  # noqa: F401
     from .decoding.options import GenerationOptions, Tuning  # noqa: F401
-    from .engine.generate import generate_tokens, stream_tokens  # noqa: F401
-    from .engine.serving import Engine  # noqa: F401
     from .engine.stats import Stats  # noqa: F401
     from .evaluation.config import QualityConfig  # noqa: F401
     from .evaluation.quality import evaluate_quality  # noqa: F401
     from .frontends.corpus import CorpusAnswer, answer_corpus  # noqa: F401
     from .frontends.datasets import answer_dataset  # noqa: F401
     from .frontends.default_model import load_smollm2  # noqa: F401
+    from .frontends.generate import generate_tokens, stream_tokens  # noqa: F401
     from .frontends.jsonlines import CheckpointError  # noqa: F401
     from .frontends.judging import ChoiceQuestion, JudgeResult, ScoreQuestion, YesNoQuestion, judge  # noqa: F401
     from .frontends.model_loading import load_model  # noqa: F401
     from .frontends.prompting import generate_parallel, render_prompt, render_prompts  # noqa: F401
     from .frontends.scoring import score_continuations  # noqa: F401
+    from .frontends.serving import Engine  # noqa: F401
     from .frontends.session import Session  # noqa: F401
     from .harness.model import HFParallelLM  # noqa: F401
 
 _SOURCES = {  # each public name and the module that defines it
     "generate_parallel": ".frontends.prompting",
-    "generate_tokens": ".engine.generate",
-    "stream_tokens": ".engine.generate",
+    "generate_tokens": ".frontends.generate",
+    "stream_tokens": ".frontends.generate",
     "Stats": ".engine.stats",
     "Session": ".frontends.session",
     "render_prompt": ".frontends.prompting",
@@ -68,7 +68,7 @@ _SOURCES = {  # each public name and the module that defines it
     "CheckpointError": ".frontends.jsonlines",
     "load_smollm2": ".frontends.default_model",
     "load_model": ".frontends.model_loading",
-    "Engine": ".engine.serving",
+    "Engine": ".frontends.serving",
     "QualityConfig": ".evaluation.config",
     "evaluate_quality": ".evaluation.quality",  # needs the `eval` extra (scipy)
     "HFParallelLM": ".harness.model",  # needs lm-eval; importing it registers the harness's model `hf-parallel`

@@ -97,6 +97,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "overrides it, null turning drafts off (default: no drafts)",
     )
 
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=["fcfs", "priority"],
+        default="fcfs",
+        help="the order waiting requests are admitted in: fcfs, first come first served; priority, by each request's "
+        "priority field (lower first), then first come first served (default: fcfs)",
+    )
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
@@ -205,7 +213,7 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
 def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
     """(Engine, tokenizer, served name) from the model flags; a usage error where they cannot be met."""
     # start-up: torch, transformers and the engine load only when a command runs
-    from ..engine.serving import Engine
+    from ..frontends.serving import Engine
     from .answer import load_named  # start-up, as above
 
     progress = False if getattr(args, "quiet", False) else args.progress
@@ -218,6 +226,7 @@ def _engine(parser: UsageParser, args: argparse.Namespace, max_queue: int):
             max_streams=args.max_streams,
             max_queue=max_queue,
             prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+            scheduling=args.scheduling_policy,
             attn=args.attn,
         )
     except (ValueError, NotImplementedError) as error:

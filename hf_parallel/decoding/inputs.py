@@ -72,12 +72,18 @@ def in_vocabulary(model: PreTrainedModel, pieces: list[list[int]]) -> bool:
     return all(min(piece) >= 0 and max(piece) < vocab for piece in pieces if piece)
 
 
+class TooLong(ValueError):
+    """A prompt (with its new tokens) past the model's positions; `code`: the error's name in an API response."""
+
+    code = "context_length_exceeded"
+
+
 def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
-    """Refuse `len(tokens) + room` past the model's positions (`check_tokens` without the ids)."""
+    """Refuse `len(tokens) + room` past the model's positions (`check_tokens` without the ids): `TooLong`."""
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and len(tokens) + room > limit:
         extra = f"; with max_new_tokens={room} it" if room else ", which"
-        raise ValueError(
+        raise TooLong(
             f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
             "(max_position_embeddings)"
         )

@@ -114,6 +114,7 @@ class StreamProcessors:
         self.stop = [s for s in stop if not _loop_bound(groups[0], s, max_new_tokens)]
         views = {s.view for s in self.process + self.stop}
         self.row_group = list(stream_group)  # host: the group of each live row
+        self.prepared = [groups[g] for g in stream_group]  # each stream's own processors and criteria, as given
         self.rows = _rows(self.row_group, len(groups), device) if "per_group" in views else None
         self.whole = whole_group(self.rows)
         self.lmax = max(self.lens)  # prompt columns of the history

@@ -1,4 +1,4 @@
-"""Drafters: where a drafting group's streams get their drafts (`ProcessedGroup` verifies them).
+"""Drafters: where a drafting group's streams get their drafts (`DraftingGroup` verifies them).
 
     LookupDrafter     prompt lookup: each stream's draft from its own history (`decoding.drafting.PromptLookup`),
                       a document's n-grams indexed once for all its streams.
@@ -9,7 +9,7 @@
 
 A stream's draft tokens are its queries at the slots after its answer so far, so the stream rule is unchanged;
 the K/V of tokens a verification rejects lies past the stream's answer, where no query looks before the next
-forward writes over it.
+forward writes over it.  What a drafter knows of a stream is the stream's (`Stream.lookup`, `Stream.seen`).
 """
 
 from __future__ import annotations
@@ -22,24 +22,25 @@ from ..row.contents import PromptChunk
 from ..row.layout import Layout
 from ..row.plan import upload
 from ..runner.model_runner import ForwardInputs, ModelRunner
-from .streams import Stream
+from .streams import Accepted, Stream
 
 
 class LookupDrafter:
-    """Prompt lookup's drafts for a group's `streams` (in row order), ending before any of `eos`."""
+    """Prompt lookup's drafts for a group's `streams`, ending before any of `eos`."""
 
     def __init__(self, speculation: Speculation, streams: list[Stream], eos: list[int]):
         self.num_tokens, self.adaptive = speculation.num_tokens, speculation.adaptive
         prompts = [s.prompt for s in streams]
         self.lookup = PromptLookup(speculation, prompts, eos, shared_prefixes(prompts))
-        self.row = {s.key: i for i, s in enumerate(streams)}
+        for i, stream in enumerate(streams):
+            stream.lookup = i
 
     def drafts(self, streams: list[Stream], limits: list[int]) -> list[list[int]]:
-        return [self.lookup.draft(self.row[s.key], k) for s, k in zip(streams, limits)]
+        return [self.lookup.draft(s.lookup, k) for s, k in zip(streams, limits)]
 
-    def accepted(self, streams: list[Stream], counts: np.ndarray) -> None:
-        for stream, n in zip(streams, counts.tolist()):
-            self.lookup.extend(self.row[stream.key], stream.tokens[-n:] if n else [])
+    def accepted(self, accepted: list[Accepted]) -> None:
+        for a in accepted:
+            self.lookup.extend(a.stream.lookup, a.tokens)
 
 
 class AssistantDrafter:
@@ -52,7 +53,6 @@ class AssistantDrafter:
     def __init__(self, runner: ModelRunner, speculation: Speculation, vocab: int, eos: list[int]):
         self.runner, self.vocab, self.eos = runner, vocab, set(eos)
         self.num_tokens, self.adaptive = speculation.num_tokens, speculation.adaptive
-        self.fed: dict[int, int] = {}  # stream key -> its answer tokens in the assistant's row
 
     def relayout(self, layout: Layout) -> None:
         self.runner.relayout(layout)
@@ -70,14 +70,12 @@ class AssistantDrafter:
         rows = [r for r, k in enumerate(limits) if k > 0]
         if not rows:
             return drafts
-        new = [streams[r].tokens[self.fed.get(streams[r].key, 0) :] for r in rows]  # what it has not seen
-        slots = np.concatenate(
-            [streams[r].slots[self.fed.get(streams[r].key, 0) : len(streams[r].tokens)] for r in rows]
-        )
+        new = [streams[r].tokens[streams[r].seen :] for r in rows]  # what it has not seen
+        slots = np.concatenate([streams[r].slots[streams[r].seen : len(streams[r].tokens)] for r in rows])
         ids = [t for tokens in new for t in tokens]
         keep = np.cumsum([len(tokens) for tokens in new]) - 1
         for r in rows:
-            self.fed[streams[r].key] = len(streams[r].tokens)
+            streams[r].seen = len(streams[r].tokens)
         for step in range(max(limits[r] for r in rows)):
             tokens = upload(torch.tensor(ids, dtype=torch.long), self.runner.device)
             chosen = self.runner.forward(ForwardInputs(slots, tokens, keep)).argmax(-1).tolist()
@@ -95,8 +93,5 @@ class AssistantDrafter:
             ids, keep = [token for _, token in going], None
         return drafts
 
-    def accepted(self, streams: list[Stream], counts: np.ndarray) -> None:
+    def accepted(self, accepted: list[Accepted]) -> None:
         """Nothing: the next round feeds the stream's accepted tokens again (its drafted ones over their own K/V)."""
-
-    def forget(self, stream: Stream) -> None:
-        self.fed.pop(stream.key, None)

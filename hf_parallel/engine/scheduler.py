@@ -1,9 +1,9 @@
 """The scheduler: which streams a round feeds, and which prompt tokens it computes.
 
-Before each round the streams that ended leave their groups and the row (`retire`); the admission policy
-places waiting requests' streams (`engine.policies`); then the round feeds every choice group's rows
-(`engine.groups`: each stream's newest token, or its draft) and up to `chunk` prompt tokens not yet written,
-and a stream whose prompt is complete joins a group with its prompt's last logits.  `schedule` hands the
+Before each round the streams that ended leave their groups and the row (`retire`); the admission policy picks
+waiting requests and the row's memory places them (`engine.policies`, `engine.memory`); then the round feeds every
+group's rows (`engine.groups`: each stream's newest token, or its draft) and up to `chunk` prompt tokens not yet
+written, and a stream whose prompt is complete joins a group with its prompt's last logits.  `schedule` hands the
 engine core a `Round`: the forward's inputs, the logits rows of each group, the row's new layout if it changed.
 """
 
@@ -17,13 +17,13 @@ from transformers import PreTrainedModel
 
 from ..decoding.logits import eos_only
 from ..models.recurrent import SegmentRuns
-from ..row.contents import PromptChunk
+from ..row.contents import PromptChunk, RowContents
 from ..row.layout import Layout
 from ..row.plan import upload
 from ..runner.graphs import bucket
 from ..runner.model_runner import ForwardInputs, next_signature
 from .drafts import LookupDrafter
-from .groups import ChoiceGroup, GreedyGroup, ProcessedGroup, ScoreGroup
+from .groups import ChoiceGroup, DraftingGroup, GreedyGroup, ProcessedGroup, ScoreGroup
 from .policies import AdmissionPolicy
 from .streams import ENDED, Request, Status, Stream
 
@@ -43,44 +43,46 @@ class Round:
 
 
 class Scheduler:
-    """The streams of one row, by group, placed by `policy` (module docstring).
+    """The requests of one row: `policy` picks them, `memory` (the row's contents) places them, their streams choose
+    in groups (module docstring).  chunk: most prompt tokens a round computes; recurrent: the model has recurrent
+    layers (their decoding streams take a lane each of `lanes`); drafter: the assistant's `AssistantDrafter`, where
+    a request drafts with one."""
 
-    chunk: most prompt tokens a round computes; recurrent: the model has recurrent layers (their decoding streams
-    take a lane each of `lanes`); drafter: the assistant's `AssistantDrafter`, where a request drafts with one.
-    """
-
-    def __init__(self, model: PreTrainedModel, policy: AdmissionPolicy, chunk: int, device: torch.device,
-                 recurrent: bool = False, lanes: int = 1, drafter=None):  # fmt: skip
-        self.model, self.policy, self.chunk, self.device, self.drafter = model, policy, chunk, device, drafter
+    def __init__(self, model: PreTrainedModel, policy: AdmissionPolicy, memory: RowContents, chunk: int,
+                 device: torch.device, recurrent: bool = False, lanes: int = 1, drafter=None):  # fmt: skip
+        self.model, self.policy, self.memory, self.chunk, self.device = model, policy, memory, chunk, device
+        self.recurrent, self.drafter, self.lane_count = recurrent, drafter, lanes
+        self.lanes = list(range(lanes - 1, -1, -1)) if recurrent else []  # recurrent states' rows not in use
         self.groups: list[ChoiceGroup] = []
         self.pools: dict[tuple, GreedyGroup] = {}
         self.scores = ScoreGroup(device)
-        self.live: dict[int, Stream] = {}  # placed streams that have not left the row
+        self.placed: dict[int, Stream] = {}  # what holds each key of the row: a stream, or a score request
         self.starting: list[Stream] = []  # placed, their first logits not computed yet
-        self.recurrent, self.lane_count = recurrent, lanes
-        self.lanes = list(range(lanes - 1, -1, -1)) if recurrent else []
-        self.start_states: list[tuple[int, int]] = []  # (lane, state key) to copy after the next forward
         self.version = next_signature()  # the decode queries' signature, new whenever they change
+
+    def live(self) -> int:
+        """Streams placed and not ended."""
+        return sum(h.status in (Status.PREFILL, Status.DECODE) for h in self.placed.values() if h.request.n)
 
     def schedule(self, keep_stopped: bool) -> Round | None:
         """The next round, None where there is nothing to feed; `keep_stopped`: stopped streams may stay fed (`retire`).
         ValueError (the policy's) where the row is empty and the next request does not fit it."""
         self.retire(keep_stopped)
-        placed = sum(s.status in (Status.PREFILL, Status.DECODE) for s in self.live.values())
-        for stream in self.policy.admit(placed):
-            self._placed(stream)
-        contents, layout = self.policy.contents, None
-        if contents.dirty:
-            layout = contents.snapshot()
+        for request in self.policy.admit(self.memory, self.live()):
+            self.placed.update((h.key, h) for h in request.holders())
+            request.on_event("start", request.cached)
+            request.started(self, [self.memory.answer_slots(k) for k in request.keys()])
+        layout = self.memory.snapshot() if self.memory.dirty else None
+        if layout is not None:
             self.version = next_signature()
-        chunk = contents.prefill(self.chunk)
-        prompt_slots, prompt_tokens, joining = self._joining(contents, chunk)
+        chunk = self.memory.prefill(self.chunk)
+        prompt_slots, prompt_tokens, joining, lanes = self._joining(chunk)
         feeds = {id(g): g.feed() for g in self.groups}
         fed = [f for f in feeds.values() if f is not None]
         if not fed and not len(prompt_slots):
             return None
         n_fed = sum(len(f.slots) for f in fed)
-        scored = self.scores.rows(prompt_slots) if self.scores.want else np.zeros(0, dtype=np.int64)
+        scored = self.scores.rows(prompt_slots)
         parts, keep, at = [], [], 0
         for group in self.groups:
             f, new = feeds[id(group)], joining.get(id(group), [])
@@ -94,41 +96,32 @@ class Scheduler:
         ids = [f.tokens for f in fed]
         if len(prompt_slots):
             ids.append(upload(torch.from_numpy(prompt_tokens), self.device))
-        decode_only = not len(prompt_slots) and not any(g.drafts for g in self.groups if feeds[id(g)] is not None)
+        decode_only = not len(prompt_slots) and not any(g.reads_at_once for g in self.groups if feeds[id(g)])
         inputs = ForwardInputs(
             slots,
             torch.cat(ids) if len(ids) > 1 else ids[0],
             None if len(keep) == len(slots) and (keep == np.arange(len(slots))).all() else keep,
             self.version if decode_only else None,  # other queries: a plan of their own each round
             len(prompt_slots),
-            self._segment_runs(chunk, n_fed) if self.recurrent else None,
+            self._segment_runs(chunk, n_fed, lanes) if self.recurrent else None,
         )
         return Round(parts, inputs, prompt_slots[scored], chunk, layout, sum(len(f.rows) for f in fed))
 
-    def _placed(self, stream: Stream) -> None:
-        self.live[stream.key] = stream
-        request = stream.request
-        if stream.answer == 0:
-            request.on_event("start", request.cached)
-        if request.score:
-            self.scores.add(request, self.policy.contents.tail_slots(stream.key, request.score))
-        else:
-            self.starting.append(stream)
-
-    def _joining(self, contents, chunk: PromptChunk) -> tuple[np.ndarray, np.ndarray, dict[int, list[int]]]:
+    def _joining(self, chunk: PromptChunk):
         """The round's prompt part (the chunk, and the last prompt token of a joining stream written in an earlier
-        round, fed again: the same K/V to the same slot), and by group the prompt part's rows of the starting
-        streams whose prompt is now complete, each put in its group."""
+        round, fed again: the same K/V to the same slot); by group, the prompt part's rows of the starting streams
+        whose prompt is now complete, each put in its group; and the (lane, state key) pairs of their recurrent
+        states, to copy after the forward."""
         joining, ends, still = [], [], []
         for stream in self.starting:
-            end = contents.prompt_end(stream.key)
+            end = self.memory.prompt_end(stream.key)
             (still if end is None else joining).append(stream)
             if end is not None:
                 ends.append(end)
         self.starting = still
         slots, tokens = chunk.slots, chunk.tokens
         if not joining:
-            return slots, tokens, {}
+            return slots, tokens, {}, []
         last = np.array([e[0] for e in ends], dtype=np.int64)
         rows = np.full(len(last), -1, dtype=np.int64)
         if len(slots):
@@ -144,11 +137,12 @@ class Scheduler:
             tokens = np.concatenate([tokens, np.array([token[s] for s in again], dtype=np.int64)])
         by_group: dict[int, list[int]] = {}
         cohorts: dict[int, list[tuple[Stream, int]]] = {}
+        lanes = []
         for stream, row, (_, _, key) in zip(joining, rows.tolist(), ends):
             stream.status = Status.DECODE
             if self.recurrent:
                 stream.lane = self.lanes.pop()
-                self.start_states.append((stream.lane, key))
+                lanes.append((stream.lane, key))
             pool = self._pool(stream.request)
             if pool is not None:
                 pool.join([stream])
@@ -158,7 +152,7 @@ class Scheduler:
         for members in cohorts.values():
             group = self._cohort([s for s, _ in members])
             by_group[id(group)] = [r for _, r in members]
-        return slots, tokens, by_group
+        return slots, tokens, by_group, lanes
 
     def _pool(self, request: Request) -> GreedyGroup | None:
         """The greedy group for `request`'s streams, where argmax and EOS choose them (`eos_only`)."""
@@ -175,19 +169,20 @@ class Scheduler:
 
     def _cohort(self, streams: list[Stream]) -> ProcessedGroup:
         request = streams[0].request
-        spec, drafter = request.opts.speculation, None
-        if spec is not None:
+        spec = request.opts.speculation
+        if spec is None:
+            group = ProcessedGroup(self.model, streams, request.sampler, self.device)
+        else:
             drafter = self.drafter if spec.assistant else LookupDrafter(spec, streams, request.opts.eos_ids)
-        group = ProcessedGroup(self.model, streams, request.sampler, self.device, drafter)
+            group = DraftingGroup(self.model, streams, request.sampler, self.device, drafter)
         self.groups.append(group)
         return group
 
-    def _segment_runs(self, chunk: PromptChunk, n_fed: int) -> SegmentRuns:
+    def _segment_runs(self, chunk: PromptChunk, n_fed: int, start: list[tuple[int, int]]) -> SegmentRuns:
         lanes = [s.lane for g in self.groups for s in g.streams]
         runs = [(key, parent, n_fed + a, n_fed + b) for key, parent, a, b in chunk.runs]
-        start, self.start_states = self.start_states, []
         lanes = upload(torch.tensor(lanes, dtype=torch.long), self.device) if lanes else None
-        return SegmentRuns(lanes, runs, start, self.policy.contents.freed(), self.lane_count)
+        return SegmentRuns(lanes, runs, start, self.memory.freed(), self.lane_count)
 
     # -- leaving --
 
@@ -196,13 +191,13 @@ class Scheduler:
         room) stopped streams stay fed until the live ones fit a smaller bucket, so a captured plan is rewritten once
         per bucket, not once per stream; a stream is never fed past its most tokens."""
         ended = {id(g): np.array([s.status in ENDED for s in g.streams], dtype=bool) for g in self.groups}
-        full = {id(g): g.count >= g.limit for g in self.groups}
+        full = {id(g): np.array([s.chosen >= s.limit for s in g.streams], dtype=bool) for g in self.groups}
         fed = sum(len(g.streams) for g in self.groups)
         live = fed - sum(int((ended[id(g)] | full[id(g)]).sum()) for g in self.groups)
         keep_stopped = (
             keep_stopped
             and not self.policy.waiting()
-            and not any(g.drafts for g in self.groups)
+            and not any(g.reads_at_once for g in self.groups)
             and live > 0
             and bucket(live) == bucket(fed)
         )
@@ -211,60 +206,55 @@ class Scheduler:
             if gone.any():
                 group.drop(~gone)
                 self.version = next_signature()
-        self.groups = [g for g in self.groups if g.streams or g.joining or isinstance(g, GreedyGroup)]
+        self.groups = [g for g in self.groups if g.streams or g.joining or g.pooled]
         still_fed = {s.key for g in self.groups for s in g.streams}
-        for stream in [s for s in self.live.values() if s.status in ENDED and s.key not in still_fed]:
-            self._leave(stream)
+        for key, holder in list(self.placed.items()):
+            if holder.status in ENDED and key not in still_fed:
+                self._leave(key, holder)
 
-    def _leave(self, stream: Stream) -> None:
-        del self.live[stream.key]
-        self.policy.release(stream)
-        if stream.lane >= 0:
-            self.lanes.append(stream.lane)
-            stream.lane = -1
-        if self.drafter is not None:
-            self.drafter.forget(stream)
-        if not any(s.key in self.live for s in stream.request.streams):
-            _let_go(stream.request)
+    def _leave(self, key: int, holder) -> None:
+        del self.placed[key]
+        self.memory.leave(key)
+        if holder.lane >= 0:
+            self.lanes.append(holder.lane)
+            holder.lane = -1
+        if not any(k in self.placed for k in holder.request.keys()):
+            _let_go(holder.request)
 
     def cancel(self) -> int:
         """Cancelled requests leave the queue now and the row at the next round; how many there were."""
-        gone = {id(s.request): s.request for s in self.live.values() if s.request.cancelled}
+        gone = {id(h.request): h.request for h in self.placed.values() if h.request.cancelling}
+        gone = {k: r for k, r in gone.items() if r.status not in ENDED}
         queued = self.policy.remove_cancelled()
         for request in queued + list(gone.values()):
-            for stream in request.streams:
-                if stream.status not in ENDED:
-                    stream.status = Status.CANCELLED
+            request.end(Status.CANCELLED)
         for request in queued:  # never placed: nothing of the row holds them
             _let_go(request)
         if gone:
             self.starting = [s for s in self.starting if s.status is not Status.CANCELLED]
         return len(queued) + len(gone)
 
-    def fail(self, request: Request) -> None:
+    def fail(self, request, err: Exception) -> None:
         """`request`'s streams end, failed."""
-        for stream in request.streams:
-            if stream.status not in ENDED:
-                stream.status = Status.FAILED
+        request.end(Status.FAILED, err)
         self.starting = [s for s in self.starting if s.request is not request]
 
-    def requests(self) -> list[Request]:
-        """The requests waiting or in the row."""
-        live = {id(s.request): s.request for s in self.live.values()}
-        return self.policy.queued() + list(live.values())
+    def requests(self, queued: bool = True) -> list:
+        """The requests in the row (and, with `queued`, those waiting first)."""
+        live = list({id(h.request): h.request for h in self.placed.values()}.values())
+        return (self.policy.queued() if queued else []) + live
 
     def clear(self) -> None:
-        """Forget every stream in the row (a failed forward left it unknown); the policy's row starts empty."""
-        for stream in self.live.values():
-            _let_go(stream.request)
-        self.live, self.groups, self.pools, self.starting, self.start_states = {}, [], {}, [], []
-        self.scores = ScoreGroup(self.device)
+        """Forget every request in the row (a failed forward left it unknown); the row starts empty."""
+        for request in self.requests(queued=False):
+            _let_go(request)
+        self.placed, self.groups, self.pools, self.starting = {}, [], {}, []
+        self.scores, self.memory = ScoreGroup(self.device), self.memory.emptied()
         self.lanes = list(range(self.lane_count - 1, -1, -1)) if self.recurrent else []
-        self.policy.reset()
         self.version = next_signature()
 
 
-def _let_go(request: Request) -> None:
-    """`request` has no stream in the row: it lets go of its streams, which refer back to it (no reference cycle
+def _let_go(request) -> None:
+    """`request` has no key in the row: it lets go of its streams, which refer back to it (no reference cycle
     keeps it, its options and their tensors alive after a call)."""
     request.streams = []

@@ -2,7 +2,7 @@
 
 One `Stats` per row: the admission policy (`engine.policies`) and the engine core (`engine.core`) count into the
 same object (the core takes its policy's), and a `generate_tokens` call adds what it checked and built
-(`engine.generate`).  `stream_tokens(...).stats` is a call's, complete once the iterator is exhausted; a caller's
+(`frontends.generate`).  `stream_tokens(...).stats` is a call's, complete once the iterator is exhausted; a caller's
 own `Stats`, passed as `stats=` to `generate_tokens` or `stream_tokens` (or to a function that passes generation
 options on, such as `answer_corpus`), totals every call it is given to.  Every count is made on the host, once per
 round or per call: none inside a forward (per layer).

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ..engine.generate import generate_tokens
+from ..frontends.generate import generate_tokens
 from .checkpoint import Checkpoint
 from .config import QualityConfig
 

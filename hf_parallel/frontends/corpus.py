@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, check_tokens, eos_token_ids
-from ..engine.generate import stream_tokens
+from .generate import stream_tokens
 from .jsonlines import read_json_lines
 from .prompting import render_prompts
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, eos_token_ids
-from ..engine.generate import generate_tokens
+from .generate import generate_tokens
 from .templates import check_template
 
 PLAIN_TEMPLATE = "{document}\n\nQuestion: {question}"  # without a chat template; PLAIN_ANSWER follows

@@ -15,16 +15,17 @@ import torch
 from transformers import PreTrainedModel
 
 from ..attention import AttentionBackend, resolve_backend
-from ..decoding.inputs import as_token_lists, check_length, check_tokens
+from ..decoding.inputs import as_token_lists
 from ..decoding.options import GenerationOptions
 from ..engine.core import EngineCore
 from ..engine.policies import AllAtOnce
-from ..engine.streams import Request
+from ..engine.requests import check_request
+from ..engine.streams import ScoreRequest
 from ..models.checks import check_model
 from ..row.contents import FixedRow
 from ..row.layout import build_layout
 from ..runner.model_runner import ModelRunner
-from ..runner.probe import check_support
+from .probe import check_support
 
 
 @dataclass
@@ -83,15 +84,16 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     opts = GenerationOptions(max_new_tokens=1, attn=attn, prefill_chunk=chunk, cuda_graphs=False)
     if not prompts:
         return TreeScores([], [], 0)
-    check_inputs(model, prompts, continuations)
+    profile = check_support(model)
+    check_inputs(model, profile, prompts, continuations)
     candidates = [(prompt, cont) for prompt, cands in zip(prompts, continuations) for cont in cands]
     # each candidate reads the rows before its tokens: its prompt and all but its last token (equal sequences and
     # shared prefixes are one run of the tree, computed once)
     layout = build_layout([prompt + cont[:-1] for prompt, cont in candidates], 0)
-    profile, backend = check_support(model), resolve_backend(opts.attn, model.device)
+    backend = resolve_backend(opts.attn, model.device)
     runner = ModelRunner(model, profile, opts, backend, layout.num_slots)
-    core = EngineCore(model, runner, AllAtOnce(FixedRow(layout)), opts.prefill_chunk)
-    requests = [Request(prompt + cont[:-1], opts, 0, 0, score=len(cont), targets=cont) for prompt, cont in candidates]
+    core = EngineCore(model, runner, AllAtOnce(), FixedRow(layout), opts.prefill_chunk)
+    requests = [ScoreRequest(prompt + cont[:-1], None, targets=cont) for prompt, cont in candidates]
     for request in requests:
         core.add(request)
     with torch.inference_mode(), runner.using_model():
@@ -100,19 +102,19 @@ def score_tree(model, prompts, continuations, attn="auto", prefill_chunk=None) -
     scored = iter(requests)
     rows = [[next(scored).scores for _ in cands] for cands in continuations]
     return TreeScores(
-        [[torch.from_numpy(logprobs) for logprobs, _ in row] for row in rows],
-        [[bool(greedy.all()) for _, greedy in row] for row in rows],
+        [[torch.from_numpy(scores.logprobs) for scores in row] for row in rows],
+        [[bool(scores.greedy.all()) for scores in row] for row in rows],
         layout.num_slots,
     )
 
 
-def check_inputs(model: PreTrainedModel, prompts, continuations) -> None:
-    """Refuse empty prompts or candidates, unknown tokens, and inputs longer than the model's positions."""
+def check_inputs(model: PreTrainedModel, profile, prompts, continuations) -> None:
+    """Refuse a prompt without candidates, then each (prompt, candidate) as the engine's one door does
+    (`engine.requests.check_request`): empty ones, unknown tokens, inputs longer than the model's positions."""
     for p, (prompt, cands) in enumerate(zip(prompts, continuations)):
-        check_tokens(model, f"prompt {p}", prompt)
         if not cands:
             raise ValueError(f"prompt {p} has no candidate continuations")
         for c, cont in enumerate(cands):
-            check_tokens(model, f"continuation {c} of prompt {p}", cont)
-            # positions: a continuation's last token is only a target, never an input
-            check_length(model, f"prompt {p} with continuation {c}", prompt + cont[:-1])
+            names = dict(name=f"prompt {p}", target_name=f"continuation {c} of prompt {p}")
+            check_request(model, profile, prompt, targets=cont, both=f"prompt {p} with continuation {c}", **names,
+                          ids_checked=c > 0)  # fmt: skip

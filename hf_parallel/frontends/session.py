@@ -12,8 +12,8 @@ replay instead of being captured again:
 
 from __future__ import annotations
 
-from ..engine.generate import generate_tokens
 from ..runner.rows import RowKeeper
+from .generate import generate_tokens
 from .prompting import generate_parallel
 
 

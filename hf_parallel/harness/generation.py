@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel, StoppingCriteria
 
 from ..decoding.inputs import eos_token_ids
-from ..engine.generate import generate_tokens
+from ..frontends.generate import generate_tokens
 from .packing import Packing, calls_by_prefix, tree_tokens
 
 

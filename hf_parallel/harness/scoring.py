@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from ..attention import resolve_backend
+from ..frontends.probe import check_support
 from ..frontends.scoring import score_tree
-from ..runner.probe import check_support
 from ..runner.sizing import size_row
 from .packing import Packing, calls_by_prefix
 

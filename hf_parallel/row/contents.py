@@ -4,7 +4,9 @@ are still to compute, and the `Layout` the attention paths plan from.
 Two kinds of row hold prompts: `FixedRow`, laid out once by `build_layout` (every prompt placed at the start,
 none leaving: one call's row, in any layout, the paper's interleaved one included), and `row.prefix_tree`'s
 `PrefixTree`, whose prompts come and go over a slot allocator.  A stream is known by a key (an int the engine
-gives it); a prompt token's K/V is *written* once a forward has computed it.
+gives it); a prompt token's K/V is *written* once a forward has computed it.  The row's contents are its memory's
+one owner: the engine's admission policies ask them to place a request's keys (`place_all`), and what stays
+resident once no stream uses it is an `Eviction` policy's to say.
 """
 
 from __future__ import annotations
@@ -32,11 +34,58 @@ class PromptChunk:
     runs: list[tuple[int, int | None, int, int]]
 
 
+class Eviction:
+    """Prompts no stream uses stay resident for later streams; where room is needed, the least recently used go
+    first (`RowContents.evict`)."""
+
+    def released(self, contents: RowContents) -> None:
+        """A stream left `contents`."""
+        return None
+
+    def make_room(self, contents: RowContents) -> bool:
+        """Free a retained prompt; whether there was one."""
+        return contents.evict()
+
+
+class KeepNothing(Eviction):
+    """A prompt is freed as soon as no stream uses it (models whose recurrent states would stay with it)."""
+
+    def released(self, contents: RowContents) -> None:
+        contents.collect()
+
+    def make_room(self, contents: RowContents) -> bool:
+        return False
+
+
 class RowContents(ABC):
-    """The prompts a row holds and where (module docstring).  `dirty`: the layout changed since `snapshot`."""
+    """The prompts a row holds and where (module docstring).  `dirty`: the layout changed since `snapshot`;
+    `eviction`: what stays of prompts no stream uses."""
 
     capacity: int
     dirty: bool = True
+    eviction: Eviction = Eviction()
+
+    def place_all(self, keys: list[int], prompt: list[int], max_new_tokens: int, spare: int = 0) -> int | None:
+        """Place every key with `prompt` and answer room (the first leaving `spare` slots free), or none: how many of
+        the prompt's tokens were resident, or None."""
+        matched = self.matched(prompt)
+        for i, key in enumerate(keys):
+            if self.place(key, prompt, max_new_tokens, spare if i == 0 else 0) is None:
+                for placed in keys[:i]:
+                    self.release(placed)
+                return None
+        return matched
+
+    def leave(self, key: int) -> None:
+        """Key `key` left: `release`, then what `eviction` does."""
+        self.release(key)
+        self.eviction.released(self)
+
+    def make_room(self) -> bool:
+        """Free what a placement that failed may take: unwritten prompts no stream uses, then what `eviction` gives
+        up; whether there is more room to try."""
+        self.collect_unwritten()
+        return self.eviction.make_room(self)
 
     @abstractmethod
     def place(self, key: int, prompt: list[int], max_new_tokens: int, spare: int = 0) -> int | None:
@@ -79,6 +128,34 @@ class RowContents(ABC):
     def retained(self) -> int:
         """Of which prompts no stream uses any more, kept for later streams."""
         return 0
+
+    def matched(self, prompt: list[int]) -> int:
+        """How many of the prompt's leading tokens are resident (written or about to be), changing nothing."""
+        return 0
+
+    def resident(self, prompt: list[int]) -> bool:
+        """Whether some of the prompt's leading tokens are in the row."""
+        return False
+
+    def empty(self) -> bool:
+        """Whether no prompt is resident."""
+        return False
+
+    def collect(self) -> None:
+        """Free every prompt no placed stream goes through."""
+        return None
+
+    def collect_unwritten(self) -> None:
+        """Free the prompts no placed stream goes through whose tokens are not all written."""
+        return None
+
+    def evict(self) -> bool:
+        """Free one retained prompt; whether there was one."""
+        return False
+
+    def emptied(self) -> RowContents:
+        """An empty row of the same kind and capacity."""
+        raise NotImplementedError(f"{type(self).__name__} does not outlive a failed forward")
 
 
 class FixedRow(RowContents):

@@ -221,3 +221,8 @@ def segment_stops(segments: list[Segment]) -> torch.Tensor:
     """[G] int32 one past each segment's last slot; a strided (interleaved) answer's: the largest int32."""
     stops = [s.slot_start + s.length if s.slot_start >= 0 else STRIDED_STOP for s in segments]
     return torch.tensor(stops or [0], dtype=torch.int32)
+
+
+def layout_prompts(layout: Layout) -> list[list[int]]:
+    """Every prompt of `layout`, from the segments it runs through."""
+    return [[t for s in layout.ancestors(end) for t in layout.segments[s].tokens] for end in layout.prompt_ends]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .contents import PromptChunk, RowContents
+from .contents import Eviction, PromptChunk, RowContents
 from .layout import Layout, Segment, segment_stops
 from .slots import SlotAllocator
 
@@ -73,8 +73,9 @@ class Node:
 class PrefixTree(RowContents):
     """The resident prompts of a row of `capacity` slots (module docstring)."""
 
-    def __init__(self, capacity: int, split_written: bool = True):
+    def __init__(self, capacity: int, split_written: bool = True, eviction: Eviction | None = None):
         self.capacity, self.split_written = capacity, split_written
+        self.eviction = eviction or Eviction()
         self.slots = SlotAllocator(capacity)
         self.root = Node([], None, 0, 0)  # holds the roots as its children (never a segment itself)
         self.answers: dict[int, Node] = {}  # stream key -> its answer region
@@ -212,6 +213,12 @@ class PrefixTree(RowContents):
                 break
             node = child
         return pos
+
+    def empty(self) -> bool:
+        return not self.root.children
+
+    def emptied(self) -> PrefixTree:
+        return PrefixTree(self.capacity, self.split_written, self.eviction)
 
     def free_slots(self) -> int:
         return self.slots.free_slots()

@@ -31,7 +31,7 @@ DEFAULT_TUNING = Tuning()
 
 @dataclass
 class ModelProfile:
-    """What the support probe found of one model, and so how the packed row serves it (`runner.probe.check_support`).
+    """What the support probe found of one model, and so how the packed row serves it (`frontends.probe.check_support`).
 
     kinds:       per layer, "attention" or "hybrid" (K/V and a recurrent state).
     plan_hooks:  names of attention modules that do not receive the attention kwargs.

@@ -29,8 +29,8 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from ..engine.serving import Closed, Engine, QueueFull
-from .protocol import Answer, ApiError, Work, engine_error, model_limits, parse
+from ..frontends.serving import Closed, Engine, QueueFull
+from .protocol import Answer, ApiError, Work, answer_eos, engine_error, parse
 
 MAX_N = 16  # most choices per request, by default
 MAX_BODY = 4 * 2**20  # most bytes of a request body, by default: about a million tokens of English text
@@ -50,7 +50,7 @@ def create_app(
 
     app = FastAPI(title="hf-parallel", lifespan=lifespan)
     app.state.draining = False
-    context, eos = model_limits(engine.model, tokenizer)
+    eos = answer_eos(engine.model, tokenizer)
     expected = None if api_key is None else f"Bearer {api_key}".encode()
 
     def authorize(request: Request) -> None:
@@ -93,7 +93,7 @@ def create_app(
         if app.state.draining:
             raise ApiError(503, "the server is shutting down", code="unavailable", kind="server_error")
         body = await _json(request, max_body)
-        work = parse(kind, body, tokenizer, name, context, max_n)
+        work = parse(kind, body, tokenizer, name, max_n)
         run = Run(engine, work, tokenizer, eos)
         await run.accepted()
         if work.stream:
@@ -142,7 +142,7 @@ class Run:
                 loop.call_soon_threadsafe(self.queue.put_nowait, (p, kind, value))
 
             try:
-                self.requests.append(engine.submit(prompt, work.options, work.n, on_event))
+                self.requests.append(engine.submit(prompt, work.options, work.n, on_event, work.priority))
             except QueueFull as err:
                 self.cancel()
                 raise ApiError(429, f"the server is busy: {err}", code="queue_full", kind="rate_limit_error") from err

@@ -22,10 +22,10 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from ..engine.serving import Engine
 from ..frontends.jsonlines import append_json_lines, json_or_none, read_json_lines
 from ..frontends.progress import shown
-from .protocol import Answer, ApiError, Work, engine_error, model_limits, parse
+from ..frontends.serving import Engine
+from .protocol import Answer, ApiError, Work, answer_eos, engine_error, parse
 
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -63,7 +63,7 @@ def run_batch(
 ) -> Summary:
     """Answer every line of `input_path` not yet in `output_path` (module docstring) with `engine`'s model, served
     as `name`."""
-    context, eos = model_limits(engine.model, tokenizer)
+    eos = answer_eos(engine.model, tokenizer)
     todo, skipped = unanswered(input_path, output_path)
     summary, jobs, seen, refused = Summary(skipped=skipped), [], set(), []
     for line in todo:
@@ -79,7 +79,7 @@ def run_batch(
         try:
             if body.get("stream"):
                 raise ApiError(400, "a batch answers whole: stream is not taken", param="stream")
-            work = parse(URLS[record["url"]], body, tokenizer, name, context, max_n)
+            work = parse(URLS[record["url"]], body, tokenizer, name, max_n)
         except ApiError as err:
             refused.append(_line(custom_id, _response(err.status, err.body()), None))
             continue
@@ -167,7 +167,7 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
     for k in order:
         job = jobs[k]
         for p, prompt in enumerate(job.work.prompts):
-            request = engine.submit(prompt, job.work.options, job.work.n, _forward(events, k, p))
+            request = engine.submit(prompt, job.work.options, job.work.n, _forward(events, k, p), job.work.priority)
             job.requests.append(request)
     open_jobs = len(jobs)
     bar = tqdm(total=len(jobs), unit="request", disable=not shown(progress))

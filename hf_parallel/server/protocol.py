@@ -17,7 +17,10 @@ list of content parts, text parts only, joined by newlines; another part type is
     prompt_lookup_num_tokens            hf_parallel's: draft tokens a stream offers a forward by prompt lookup
                                         (transformers' generate option), over the server's
                                         `--prompt-lookup-num-tokens`; null: no drafts
-Every other field is refused by name.
+    priority                            vLLM's: an integer, lower is admitted first where the server schedules
+                                        by priority (`--scheduling-policy priority`); default 0
+Every other field is refused by name.  The prompt's length is checked by the engine, as every front end's is
+(`engine.requests`: too long, code "context_length_exceeded").
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from dataclasses import dataclass, field
 from ..decoding.inputs import eos_token_ids
 
 SHARED = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "n", "stop", "seed",
-          "presence_penalty", "frequency_penalty", "user", "ignore_eos", "prompt_lookup_num_tokens"}  # fmt: skip
+          "presence_penalty", "frequency_penalty", "user", "ignore_eos", "prompt_lookup_num_tokens",
+          "priority"}  # fmt: skip
 FIELDS = {"completions": SHARED | {"prompt"}, "chat": SHARED | {"messages", "max_completion_tokens"}}
 CLIENT_FAULTS = (ValueError, TypeError, NotImplementedError)  # what the engine raises for a request at fault
 MAX_STOP = 4  # stop sequences per request, as OpenAI takes
@@ -43,16 +47,15 @@ def fault_status(err: Exception) -> int:
 
 def engine_error(err: Exception) -> ApiError:
     """The `ApiError` of a request the engine failed with `err`, with the error's `code` where it names one (a
-    request larger than the row: `row_too_small`)."""
+    request larger than the row: `row_too_small`; past the model's positions: `context_length_exceeded`)."""
     status = fault_status(err)
     message = str(err) if status < 500 else f"the request failed: {err}"
     return ApiError(status, message, code=getattr(err, "code", None))
 
 
-def model_limits(model, tokenizer) -> tuple[int | None, set[int]]:
-    """(the model's positions or None, its EOS ids): what `parse` and `Answer` check requests and answers by."""
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return context, set(eos_token_ids(model, tokenizer))
+def answer_eos(model, tokenizer) -> set[int]:
+    """The EOS ids an `Answer` ends at (a stop with finish_reason "stop")."""
+    return set(eos_token_ids(model, tokenizer))
 
 
 class ApiError(Exception):
@@ -79,13 +82,14 @@ class Work:
     include_usage: bool
     stop: list[str]
     model: str
+    priority: int = 0
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-def parse(kind: str, body, tokenizer, served: str, context: int | None, max_n: int) -> Work:
-    """A request body (parsed JSON) of `kind` checked into `Work` for the model `served`, whose positions are
-    `context` (None: unbounded); `ApiError` for anything at fault."""
+def parse(kind: str, body, tokenizer, served: str, max_n: int) -> Work:
+    """A request body (parsed JSON) of `kind` checked into `Work` for the model `served`; `ApiError` for anything at
+    fault."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     for name in body:
@@ -144,10 +148,11 @@ def parse(kind: str, body, tokenizer, served: str, context: int | None, max_n: i
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage"}:
         raise ApiError(400, "stream_options takes only include_usage", param="stream_options")
-    for i, prompt in enumerate(prompts):
-        _check_length(prompt, max_tokens, context, "prompt" if kind == "completions" else "messages", i)
+    priority = body.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ApiError(400, "priority must be an integer", param="priority")
     include_usage = bool(stream_options.get("include_usage", False))
-    return Work(kind, prompts, options, n, stream, include_usage, stop, model)
+    return Work(kind, prompts, options, n, stream, include_usage, stop, model, priority)
 
 
 def _prompts(body: dict, tokenizer) -> list[list[int]]:
@@ -230,25 +235,6 @@ def _stop(body: dict) -> list[str]:
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
         raise ApiError(400, f"stop must be a non-empty string or a list of up to {MAX_STOP}", param="stop")
     return stop
-
-
-def _check_length(prompt: list[int], max_tokens: int | None, context: int | None, param: str, i: int) -> None:
-    if context is None:
-        return
-    if len(prompt) >= context:
-        raise ApiError(
-            400,
-            f"the prompt has {len(prompt)} tokens; the model takes at most {context} positions",
-            param=param,
-            code="context_length_exceeded",
-        )
-    if max_tokens is not None and len(prompt) + max_tokens > context:
-        raise ApiError(
-            400,
-            f"max_tokens={max_tokens} after the prompt's {len(prompt)} tokens exceeds the model's {context} positions",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
 
 
 def _int(body: dict, name: str, default, low: int):

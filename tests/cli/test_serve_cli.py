@@ -15,7 +15,7 @@ import pytest
 from hf_parallel.cli import main
 from tests.helpers.project import ROOT
 
-HEAVY = ("hf_parallel.engine.serving", "hf_parallel.server", "fastapi", "starlette", "uvicorn")
+HEAVY = ("hf_parallel.frontends.serving", "hf_parallel.server", "fastapi", "starlette", "uvicorn")
 CLI = ROOT / "hf_parallel" / "cli"
 # cli/serve.py on its own: its package's __init__ (which imports every command) replaced by a bare package
 IMPORT_SERVE_ALONE = f"""

@@ -349,8 +349,8 @@ def test_two_models_of_one_family_on_two_threads_each_run_their_own_rotary(monke
     """One model runs with its layers' parts compiled (the compiled functions stood in for by recording eager ones,
     so nothing compiles), another model of its family generates on another thread meanwhile: only the first model's
     thread calls the swapped rotary function, and each model answers as `model.generate` does."""
+    from hf_parallel.frontends.probe import check_support
     from hf_parallel.models.compiled_parts import CompiledPart, fused
-    from hf_parallel.runner.probe import check_support
 
     first, second = llama_model(0), llama_model(1)
     gen = torch.Generator().manual_seed(3)

@@ -166,7 +166,7 @@ def test_sampled_distributions_with_drafts(monkeypatch):
     free = generate_tokens(model, prompts, **options)  # drafts that sampling will often agree with
     Oracle(prompts, free, every=6).install(monkeypatch)
     seen, current = [], []  # per draw: (stream, answer length, processed scores); the group verifying
-    draw, verify = sampling.Sampler.__call__, groups.ProcessedGroup.verify
+    draw, verify = sampling.Sampler.__call__, groups.DraftingGroup.verify
 
     def recording(self, scores):
         group = current[0]
@@ -179,7 +179,7 @@ def test_sampled_distributions_with_drafts(monkeypatch):
         current[:] = [self]
         return verify(self, logits, drafts)
 
-    monkeypatch.setattr(groups.ProcessedGroup, "verify", verifying)
+    monkeypatch.setattr(groups.DraftingGroup, "verify", verifying)
     monkeypatch.setattr(sampling.Sampler, "__call__", recording)
     got = generate_tokens(model, prompts, prompt_lookup_num_tokens=4, **options)
     last = {}  # (stream, length) -> the scores of its last draw: the one its accepted token came from

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from hf_parallel import generate_tokens
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.models.checks import REASONS
-from hf_parallel.runner.probe import check_support
 
 from .model_zoo import SKIPS, CausalLM, build
 from .models import generate_alone, random_tokens

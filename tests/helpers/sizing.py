@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hf_parallel.runner.probe import check_support
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.runner.sizing import size_row
 
 CHUNK = 16

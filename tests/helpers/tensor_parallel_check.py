@@ -18,8 +18,8 @@ import torch.distributed as dist  # noqa: E402
 import transformers  # noqa: E402
 
 import hf_parallel  # noqa: E402
+from hf_parallel.frontends.probe import check_support  # noqa: E402
 from hf_parallel.models.placement import is_tensor_parallel  # noqa: E402
-from hf_parallel.runner.probe import check_support  # noqa: E402
 
 NEW = 6
 

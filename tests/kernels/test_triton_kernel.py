@@ -29,7 +29,7 @@ from hf_parallel.attention import tiles as tile_plans  # noqa: E402
 from hf_parallel.attention import triton as triton_path  # noqa: E402
 from hf_parallel.attention.reference import reference_attention, stream_mask  # noqa: E402
 from hf_parallel.attention.triton import TritonBackend  # noqa: E402
-from hf_parallel.engine.generate import generate_layout  # noqa: E402
+from hf_parallel.frontends.generate import generate_layout  # noqa: E402
 from hf_parallel.kernels import prebuild  # noqa: E402
 from hf_parallel.kernels import stream_attention as kernels  # noqa: E402
 from hf_parallel.row.layout import build_layout  # noqa: E402

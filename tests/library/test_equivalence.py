@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_parallel import generate_tokens
-from hf_parallel.engine.generate import generate_layout
+from hf_parallel.frontends.generate import generate_layout
 from hf_parallel.row.layout import build_layout
 from tests.helpers.models import generate_alone, random_tokens
 

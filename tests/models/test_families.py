@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_parallel import generate_tokens
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.models.recurrent import SegmentedMixer, is_mixer
-from hf_parallel.runner.probe import check_support
 from tests.helpers.models import FAMILIES, generate_alone, random_tokens, tiny_model
 
 pytestmark = pytest.mark.compat  # .ci/run runs these on the oldest supported transformers too

@@ -143,7 +143,7 @@ def no_probe(monkeypatch):
     def probe(model):
         raise AssertionError("the probe ran")
 
-    monkeypatch.setattr("hf_parallel.runner.probe.probe_model", probe)
+    monkeypatch.setattr("hf_parallel.frontends.probe.probe_model", probe)
 
 
 def test_meta_parameters_no_hook_loads_are_refused(no_probe):

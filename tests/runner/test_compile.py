@@ -21,8 +21,8 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 from hf_parallel import generate_tokens
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.models.projections import MOST_ROWS
-from hf_parallel.runner.probe import check_support
 from tests.helpers.models import ARCHITECTURES, COMMON, generate_alone, random_tokens, tiny_model
 from tests.helpers.project import ROOT
 

@@ -158,9 +158,9 @@ def test_the_first_calls_kernels_are_built_on_threads(cuda_model, own_tiles, com
     import triton
 
     from hf_parallel.attention import triton as path
+    from hf_parallel.frontends.probe import check_support
     from hf_parallel.kernels import cache_write, prebuild
     from hf_parallel.kernels import stream_attention as kernels
-    from hf_parallel.runner.probe import check_support
 
     if check_support(cuda_model).recurrent:
         pytest.skip("recurrent layers decode eagerly: no captured step to build for")
@@ -220,7 +220,7 @@ def test_a_calls_rounds_wait_for_the_gpu_only_to_read_the_round_before(case):
 def test_the_serving_engine_matches_generate(cuda_model, attn):
     """Requests joining a live row over time (captured decode rounds between arrivals, greedy rows chosen in one
     pass) each equal model.generate alone, on both attention paths."""
-    from hf_parallel.engine.serving import Engine
+    from hf_parallel.frontends.serving import Engine
 
     prompts = _prompts(9, 12) + _prompts(10, 6, doc_len=70)
     limits = [6 + i % 9 for i in range(len(prompts))]

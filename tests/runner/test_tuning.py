@@ -9,10 +9,10 @@ import torch
 
 from hf_parallel import Engine, Tuning, generate_tokens
 from hf_parallel.attention.reference import ReferenceBackend
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.models.compiled_parts import CompiledPart
 from hf_parallel.models.projections import MOST_ROWS
 from hf_parallel.runner.patching import use_model
-from hf_parallel.runner.probe import check_support
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
 
 CHOICES = [f.name for f in fields(Tuning)]

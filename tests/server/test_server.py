@@ -25,8 +25,8 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 uvicorn = pytest.importorskip("uvicorn")
 
-from hf_parallel.engine.serving import Engine  # noqa: E402
 from hf_parallel.frontends.demo import QUESTIONS  # noqa: E402
+from hf_parallel.frontends.serving import Engine  # noqa: E402
 from hf_parallel.server.app import create_app  # noqa: E402
 from hf_parallel.server.draining import DrainingServer  # noqa: E402
 from tests.helpers.models import random_tokens, tiny_model  # noqa: E402

@@ -22,7 +22,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx2")  # the HTTP client the openai package is built on
 
-from hf_parallel.engine.serving import Engine  # noqa: E402
+from hf_parallel.frontends.serving import Engine  # noqa: E402
 from hf_parallel.server.batch import run_batch  # noqa: E402
 from tests.helpers.server import NAME, batch_lines  # noqa: E402
 

@@ -17,25 +17,26 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ..attention import AttentionBackend, resolve_backend
-from ..decoding.inputs import as_token_lists, check_length, check_tokens, in_vocabulary
+from ..decoding.inputs import as_token_lists, check_tokens, in_vocabulary
 from ..decoding.options import GenerationOptions
 from ..decoding.sampling import Sampler
+from ..engine.core import EngineCore
+from ..engine.drafts import AssistantDrafter
+from ..engine.policies import AllAtOnce, Refill, Waves
+from ..engine.requests import check_request
+from ..engine.stats import Stats
+from ..engine.streams import Request
 from ..models.checks import check_model
 from ..models.compiled_parts import compiler_unimported, import_compiler
 from ..models.placement import loop_device, placement
 from ..row.contents import FixedRow
-from ..row.layout import Layout, build_layout
+from ..row.layout import Layout, build_layout, layout_prompts
 from ..row.prefix_tree import PrefixTree
 from ..runner.model_runner import ModelRunner, compiles
 from ..runner.patching import ModelProfile, model_lock
-from ..runner.probe import check_support
 from ..runner.rows import RowKeeper
 from ..runner.sizing import size_row
-from .core import EngineCore
-from .drafts import AssistantDrafter
-from .policies import AllAtOnce, Refill, Waves
-from .stats import Stats
-from .streams import Request
+from .probe import check_support
 
 
 def generate_tokens(
@@ -150,12 +151,13 @@ class Generation:
     @classmethod
     def _checked(cls, model, prompts: list[list[int]], options: dict, session, stats: Stats) -> Generation:
         opts = GenerationOptions.resolve(model, **options)
-        limits = []
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty")
-            limits.append(opts.generate.prepare(model, prompt).max_new_tokens)  # generate's, before any work
-            check_length(model, f"prompt {i}", prompt, limits[-1])
+        # a call that will compile imports the compiler beside the support probe's first forward (where it is the
+        # model's first); whether it will is the runner's rule, before the probe says whether layers are recurrent
+        if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
+            import_compiler()
+        profile = check_support(model) if prompts else None
+        limits = [check_request(model, profile, p, opts, name=f"prompt {i}", ids_checked=True)
+                  for i, p in enumerate(prompts)]  # fmt: skip
         streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
         layout = build_layout(streams, max(limits, default=1)) if streams else None
         # the ids checked once each where prompts share them (a document's once, not once per question); where one
@@ -166,16 +168,6 @@ class Generation:
             for i, prompt in enumerate(prompts):
                 stats.ids_checked += len(prompt)
                 check_tokens(model, f"prompt {i}", prompt)
-        # a call that will compile imports the compiler beside the support probe's first forward (where it is the
-        # model's first); whether it will is the runner's rule, before the probe says whether layers are recurrent
-        if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
-            import_compiler()
-        profile = check_support(model) if prompts else None
-        if opts.speculation is not None and profile is not None and profile.recurrent:
-            raise NotImplementedError(
-                f"speculative decoding: {type(model).__name__} has layers with a recurrent state, which a "
-                "rejected draft token would leave advanced; decode without prompt_lookup_num_tokens or assistant_model"
-            )
         assistant = check_assistant(model, opts.assistant_model) if opts.assistant_model is not None else None
         backend = resolve_backend(opts.attn, model.device)
         stats.calls, stats.prompts = stats.calls + 1, stats.prompts + len(prompts)
@@ -196,21 +188,22 @@ class Generation:
         kept = self.session.row_bytes() if self.session is not None else 0
         size = size_row(model, self.profile, chunk, opts.max_memory, len(layout.prompt_ends), kept)
         if self.fixed or (layout.num_slots <= size.capacity and len(layout.prompt_ends) <= size.streams):
-            policy, capacity = AllAtOnce(FixedRow(layout), self.stats), layout.num_slots
+            policy, contents = AllAtOnce(self.stats), FixedRow(layout)
             order = range(len(self.prompts))
         else:
-            tree = PrefixTree(size.capacity, split_written=not self.profile.recurrent)
-            policy, capacity = (Refill if opts.refill else Waves)(tree, size, self.stats), size.capacity
+            policy = (Refill if opts.refill else Waves)(size, self.stats)
+            contents = PrefixTree(size.capacity, split_written=not self.profile.recurrent)
             order = [p for group in document_groups(layout, n) for p in group]
+        capacity = contents.capacity
         runner = ModelRunner(model, self.profile, opts, self.backend, capacity, self.session)
         self.stats.row_slots = runner.cache.num_slots
         assistant = self._assistant(capacity)
         streams = len(layout.prompt_ends)
-        core = EngineCore(model, runner, policy, chunk, lanes=size.streams, assistant=assistant, prebuild=streams)
+        core = EngineCore(model, runner, policy, contents, chunk, size.streams, assistant, prebuild=streams)
         sampler = Sampler(opts, runner.device)  # one for the call: a seed gives one sequence of draws
         documents = _documents(layout, n)
         for p in order:
-            request = Request(self.prompts[p], opts, n, self.max_new_tokens[p], sampler=sampler, group=documents[p])
+            request = Request(self.prompts[p], opts, n, self.max_new_tokens[p], sampler=sampler, document=documents[p])
             core.add(request)
             for stream in request.streams:
                 stream.index = p * n + stream.answer
@@ -251,11 +244,6 @@ def check_assistant(model: PreTrainedModel, assistant) -> ModelProfile:
             "draft token would leave advanced"
         )
     return profile
-
-
-def layout_prompts(layout: Layout) -> list[list[int]]:
-    """Every prompt of `layout`, from the segments it runs through."""
-    return [[t for s in layout.ancestors(end) for t in layout.segments[s].tokens] for end in layout.prompt_ends]
 
 
 def document_groups(layout: Layout, n: int = 1) -> list[list[int]]:

@@ -1,6 +1,7 @@
 """The probe: whether the packed row can serve a model, decided by what the model does, not by a class flag.
 
-A forward of two tokens runs through a recording attention backend: every layer that writes K/V to the
+Every forward runs on the engine core (`engine.core`), as score requests.  A forward of two tokens runs through
+a recording attention backend: every layer that writes K/V to the
 cache must route its attention through transformers' AttentionInterface (so the stream mask applies),
 without an attention mask of its own and with the sliding window transformers' own cache would apply.
 An attention module whose decoder layer drops the attention kwargs (Nemotron, StableLM) gets the plan
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import weakref
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -25,14 +25,17 @@ from ..attention import AttentionBackend, AttentionCall
 from ..attention.reference import ReferenceBackend
 from ..compat.transformers_internals import own_cache_class, sliding_window_layers
 from ..decoding.options import GenerationOptions
+from ..engine.core import EngineCore
+from ..engine.policies import AllAtOnce
+from ..engine.streams import ScoreRequest
 from ..models.checks import check_model, refuse
 from ..models.compiled_parts import fusable_parts
-from ..models.recurrent import SegmentRuns, segmented
+from ..models.recurrent import segmented
 from ..row.cache import PackedCache, PackedLayer
 from ..row.contents import FixedRow
-from ..row.layout import build_layout
-from .model_runner import ForwardInputs, ModelRunner
-from .patching import ModelProfile, model_lock, use_model
+from ..row.layout import build_layout, layout_prompts
+from ..runner.model_runner import ModelRunner
+from ..runner.patching import ModelProfile, model_lock, use_model
 
 _VERDICTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -113,7 +116,7 @@ def _check_isolation(model: PreTrainedModel, support: ModelProfile) -> None:
 
 
 def _prompt_logits(model: PreTrainedModel, support: ModelProfile, prompts: list[list[int]], chunk: int) -> torch.Tensor:
-    """Logits [P, V] at each prompt's last token, the prompts prefilled `chunk` tokens a forward."""
+    """Log-probabilities [P, V] at each prompt's last token, the prompts prefilled `chunk` tokens a forward."""
     layout = build_layout(prompts, 1)
     return _prefill(_runner(model, support, ReferenceBackend(), layout), layout, chunk)
 
@@ -126,23 +129,16 @@ def _runner(model, support: ModelProfile, backend, layout) -> ModelRunner:
 
 
 def _prefill(runner: ModelRunner, layout, chunk: int) -> torch.Tensor:
-    rows, out = FixedRow(layout), {}
+    """Each prompt's log-probabilities at its last token [P, V] (float32), the prompts prefilled `chunk` tokens a
+    round on the engine core, as score requests of the whole row."""
+    core = EngineCore(runner.model, runner, AllAtOnce(), FixedRow(layout), chunk)
+    requests = [ScoreRequest(prompt, None, targets=[0], full=True) for prompt in layout_prompts(layout)]
+    for request in requests:
+        core.add(request)
     with torch.inference_mode(), use_model(runner.model, runner.backend, runner.profile):
-        while True:
-            part = rows.prefill(chunk)
-            if not len(part.slots):
-                break
-            ends = {}
-            for p in range(layout.num_prompts):
-                end = rows.prompt_end(p) if p not in out else None
-                if end is not None:
-                    ends[end[0]] = p
-            keep = np.array([i for i, s in enumerate(part.slots.tolist()) if s in ends], dtype=np.int64)
-            tokens = torch.from_numpy(part.tokens).to(runner.device)
-            logits = runner.forward(ForwardInputs(part.slots, tokens, keep, segment_runs=SegmentRuns(runs=part.runs)))
-            for row, i in zip(logits, keep.tolist()):
-                out[ends[int(part.slots[i])]] = row
-    return torch.stack([out[p] for p in range(layout.num_prompts)]).float()
+        for _ in core.run():
+            pass
+    return torch.stack([torch.from_numpy(r.scores.rows[0]) for r in requests])
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> bool:

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers.generation import LogitsProcessor
 
-from hf_parallel.engine.serving import Engine, QueueFull
-from hf_parallel.runner.probe import check_support
+from hf_parallel.frontends.probe import check_support
+from hf_parallel.frontends.serving import Engine, QueueFull
 from hf_parallel.runner.sizing import size_row
 from tests.helpers.models import generate_alone, random_tokens, tiny_model
 from tests.helpers.prompts import prompts_with_repeats
@@ -290,6 +290,42 @@ def test_a_full_queue_refuses_and_the_model_is_free_when_idle(model):
         assert model.config._attn_implementation == fresh.config._attn_implementation
     finally:
         engine.close(10)
+
+
+def test_a_high_priority_request_behind_a_queue_is_admitted_first(model):
+    """With priority scheduling and one stream at a time, a request of priority -1 that arrives behind three of
+    priority 0 starts before them (those keep their order); every answer is model.generate's alone.  The same
+    priority on a first-come-first-served engine is refused by name."""
+    gen = torch.Generator().manual_seed(11)
+    prompts = [random_tokens(10 + i, gen) for i in range(5)]
+    started: list[int] = []
+    engine = engine_for(model, 200, max_streams=1, scheduling="priority")
+    try:
+        collectors = []
+        for i, (prompt, priority) in enumerate(zip(prompts, [0, 0, 0, 0, -1])):
+            collectors.append(Collector())
+
+            def on_event(kind, value, i=i, c=collectors[-1]):
+                if kind == "start":
+                    started.append(i)
+                c(kind, value)
+
+            engine.submit(prompt, dict(max_new_tokens=40 if i == 0 else 4, eos_token_id=[]), 1, on_event, priority)
+            while i == 0 and not started:  # the first one holds the row while the others queue
+                time.sleep(0.001)
+        answers = [c.wait().tokens[0] for c in collectors]
+        _wait_idle(engine)
+    finally:
+        engine.close(10)
+    assert started == [0, 4, 1, 2, 3]
+    assert answers == [generate_alone(model, p, 40 if i == 0 else 4, eos=[]) for i, p in enumerate(prompts)]
+    fcfs = engine_for(model, 200, max_streams=1)
+    try:
+        refused = Collector()
+        fcfs.submit(prompts[0], dict(max_new_tokens=2), 1, refused, priority=-1)
+        assert "scheduling='priority'" in str(refused.wait().error)
+    finally:
+        fcfs.close(10)
 
 
 def test_greedy_streams_of_many_requests_choose_in_one_pass(model):

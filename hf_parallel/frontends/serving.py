@@ -24,18 +24,19 @@ import torch
 from transformers import PreTrainedModel
 
 from ..attention import resolve_backend
-from ..decoding.inputs import check_length, check_tokens
 from ..decoding.options import GenerationOptions
 from ..decoding.sampling import Sampler
+from ..engine.core import EngineCore
+from ..engine.policies import Arrivals, Priority
+from ..engine.requests import check_drafts, check_request
+from ..engine.streams import Request
 from ..models.checks import check_model
 from ..models.placement import loop_device
+from ..row.contents import Eviction, KeepNothing
 from ..row.prefix_tree import PrefixTree
 from ..runner.model_runner import ModelRunner
-from ..runner.probe import check_support
 from ..runner.sizing import free_memory, size, size_row
-from .core import EngineCore
-from .policies import Arrivals
-from .streams import Request, Status
+from .probe import check_support
 
 MAX_QUEUE = 1024  # requests waiting for the engine's thread or for room, by default
 GPU_FRACTION = 0.5  # of a GPU's free memory, the row's unless max_memory says: the rest for forwards and graphs
@@ -83,8 +84,10 @@ class Engine:
     max_memory: the row's memory (None: `GPU_FRACTION` of what a GPU has free, on a CPU `CPU_MEMORY`, either
     grown where it would not hold one request of the model's whole context);
     max_streams: most live streams; max_queue: most waiting requests (`submit` raises `QueueFull` past it);
-    retain: keep finished prompts' prefixes while room allows (not for models with recurrent layers, whose
-    states would stay with them).
+    retain: keep finished prompts' prefixes while room allows, least recently used evicted first (not for models
+    with recurrent layers, whose states would stay with them);
+    scheduling: "fcfs", first come first served, or "priority", by each request's `priority` (lower first), then
+    first come first served (as vLLM's --scheduling-policy).
     """
 
     def __init__(
@@ -95,27 +98,28 @@ class Engine:
         max_queue: int = MAX_QUEUE,
         retain: bool = True,
         prompt_lookup_num_tokens: int | None = None,
+        scheduling: str = "fcfs",
         **options,
     ):
         check_model(model)
         self.model, self.max_queue = model, max_queue
         self.opts = GenerationOptions.resolve(model, prompt_lookup_num_tokens=prompt_lookup_num_tokens, **options)
         self.defaults = {"prompt_lookup_num_tokens": prompt_lookup_num_tokens} if prompt_lookup_num_tokens else {}
+        if scheduling not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling must be 'fcfs' or 'priority', got {scheduling!r}")
+        self.scheduling = scheduling
         self.profile = check_support(model)
-        if self.opts.speculation is not None and self.profile.recurrent:
-            raise NotImplementedError(
-                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
-                "rejected draft token would leave advanced"
-            )
+        check_drafts(model, self.profile, self.opts)
         self.backend = resolve_backend(self.opts.attn, model.device)
         chunk = self.opts.prefill_chunk_for(self.backend)
         self.size = self._size(chunk, max_memory, max_streams)
         self.counters = Counters(capacity=self.size.capacity, max_streams=self.size.streams)
         recurrent = self.profile.recurrent
         runner = ModelRunner(model, self.profile, self.opts, self.backend, self.size.capacity)
-        policy = Arrivals(PrefixTree(self.size.capacity, split_written=not recurrent), self.size.streams,
-                          retain and not recurrent)  # fmt: skip
-        self.core = EngineCore(model, runner, policy, chunk, lanes=self.size.streams, isolate=True)
+        policy = (Priority if scheduling == "priority" else Arrivals)(self.size.streams)
+        eviction = Eviction() if retain and not recurrent else KeepNothing()
+        memory = PrefixTree(self.size.capacity, split_written=not recurrent, eviction=eviction)
+        self.core = EngineCore(model, runner, policy, memory, chunk, self.size.streams, isolate=True)
         self._inbox: deque[Request] = deque()
         self._refused = self._dropped = 0  # requests failed by their checks, cancelled before them
         self._wake = threading.Condition()
@@ -140,10 +144,11 @@ class Engine:
 
     # -- any thread --
 
-    def submit(self, prompt: list[int], options: dict, n: int = 1, on_event=None) -> Request:
+    def submit(self, prompt: list[int], options: dict, n: int = 1, on_event=None, priority: int = 0) -> Request:
         """Queue a request; `QueueFull` when `max_queue` wait already, `Closed` when closing.  Its `on_event` is
-        told "accepted" once the engine has checked it (`Request` says what follows), or "error"."""
-        request = Request(list(prompt), None, n, options=dict(options))
+        told "accepted" once the engine has checked it (`Request` says what follows), or "error".  `priority`: its
+        place in the queue where the engine schedules by priority (lower first)."""
+        request = Request(list(prompt), None, n, options=dict(options), priority=priority)
         if on_event is not None:
             request.on_event = on_event
         with self._wake:
@@ -222,7 +227,7 @@ class Engine:
 
     def _arrive(self, request: Request) -> None:
         """Check a request and queue it in the core; a request at fault gets its "error" now."""
-        if request.cancelled:
+        if request.cancelling:
             self._dropped += 1
             self._count_queued(-1)
             return
@@ -250,20 +255,16 @@ class Engine:
         told("accepted", None)
 
     def _check(self, request: Request) -> None:
-        model = self.model
-        if not request.prompt:
-            raise ValueError("the prompt is empty")
-        check_tokens(model, "the prompt", request.prompt)
-        opts = GenerationOptions.resolve(model, **{**self.defaults, **request.options})
+        """The one door (`engine.requests`), then what this engine's row takes."""
+        opts = GenerationOptions.resolve(self.model, **{**self.defaults, **request.options})
+        limit = check_request(self.model, self.profile, request.prompt, opts)
+        if request.priority and self.scheduling != "priority":
+            raise ValueError(
+                f"priority={request.priority}: this engine admits requests first come first served; start it with "
+                "scheduling='priority' (hf-parallel serve --scheduling-policy priority)"
+            )
         if opts.assistant_model is not None:
             raise ValueError("assistant_model: the server drafts by prompt lookup (prompt_lookup_num_tokens)")
-        if opts.speculation is not None and self.profile.recurrent:
-            raise ValueError(
-                f"prompt_lookup_num_tokens: {type(model).__name__} has layers with a recurrent state, which a "
-                "rejected draft token would leave advanced"
-            )
-        limit = opts.generate.prepare(model, request.prompt).max_new_tokens
-        check_length(model, "the prompt", request.prompt, limit)
         slots = len(request.prompt) + limit * request.n
         if slots > self.size.capacity:
             raise RowTooSmall(
@@ -290,6 +291,5 @@ class Engine:
         counters.cancelled, counters.failed = stats.cancelled + self._dropped, stats.failed + self._refused
         with self._wake:  # the queue also counts what `submit` added meanwhile
             counters.queued = len(self._inbox) + scheduler.policy.waiting()
-        counters.live_streams = sum(s.status in (Status.PREFILL, Status.DECODE) for s in scheduler.live.values())
-        contents = scheduler.policy.contents
-        counters.resident_slots, counters.retained_slots = contents.used(), contents.retained()
+        counters.live_streams = scheduler.live()
+        counters.resident_slots, counters.retained_slots = scheduler.memory.used(), scheduler.memory.retained()
