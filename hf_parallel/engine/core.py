@@ -113,9 +113,9 @@ class EngineCore:
     def run(self) -> Iterator[Stream]:
         """Rounds until no work is left; each stream (or score request) as it ends."""
         while self.busy():
-            yield from self.step()
+            yield from self.run_round()
 
-    def step(self) -> list[Stream]:
+    def run_round(self) -> list[Stream]:
         """One round: queue it, read the one before (or this one, where it must be read at once); what ended."""
         self.stats.cancelled += self.scheduler.cancel()
         try:

@@ -72,7 +72,7 @@ class AdmissionPolicy(ABC):
             if matched is not None:
                 request.cached = matched
                 return True
-            if not (evict and memory.make_room()):
+            if not (evict and memory.free_retained()):
                 return False
 
 

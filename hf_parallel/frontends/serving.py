@@ -218,7 +218,7 @@ class Engine:
                         self._count()
                         if not core.busy():
                             break
-                        core.step()
+                        core.run_round()
                         self._count()
             finally:
                 with self._wake:

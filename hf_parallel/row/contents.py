@@ -42,7 +42,7 @@ class Eviction:
         """A stream left `contents`."""
         return None
 
-    def make_room(self, contents: RowContents) -> bool:
+    def free_one(self, contents: RowContents) -> bool:
         """Free a retained prompt; whether there was one."""
         return contents.evict()
 
@@ -53,7 +53,7 @@ class KeepNothing(Eviction):
     def released(self, contents: RowContents) -> None:
         contents.collect()
 
-    def make_room(self, contents: RowContents) -> bool:
+    def free_one(self, contents: RowContents) -> bool:
         return False
 
 
@@ -81,11 +81,11 @@ class RowContents(ABC):
         self.release(key)
         self.eviction.released(self)
 
-    def make_room(self) -> bool:
+    def free_retained(self) -> bool:
         """Free what a placement that failed may take: unwritten prompts no stream uses, then what `eviction` gives
-        up; whether there is more room to try."""
+        up; whether a placement may try again."""
         self.collect_unwritten()
-        return self.eviction.make_room(self)
+        return self.eviction.free_one(self)
 
     @abstractmethod
     def place(self, key: int, prompt: list[int], max_new_tokens: int, spare: int = 0) -> int | None:

@@ -117,8 +117,7 @@ def test_the_method_is_there_when_transformers_came_first(tmp_path):
 
 
 def test_the_public_names_are_the_modules_own():
-    from hf_parallel.engine import generate
-    from hf_parallel.frontends import judging, prompting
+    from hf_parallel.frontends import generate, judging, prompting
 
     assert hf_parallel.generate_parallel is prompting.generate_parallel and hf_parallel.judge is judging.judge
     assert hf_parallel.stream_tokens is generate.stream_tokens and set(hf_parallel.__all__) <= set(dir(hf_parallel))
