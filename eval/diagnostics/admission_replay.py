@@ -24,6 +24,7 @@ live stream sees and of every live stream's own question and answer so far (`--s
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -40,11 +41,17 @@ from hf_parallel.runner.sizing import RowSize  # noqa: E402
 
 def replay(prompts, targets, groups, doc_len: int, capacity: int, streams: int, refill: bool,
            exact_room: bool = False) -> dict:  # fmt: skip
-    policy = (Refill if refill else Waves)(PrefixTree(capacity), RowSize(capacity, streams, 0))
+    policy, tree, keys = (
+        (Refill if refill else Waves)(RowSize(capacity, streams, 0)),
+        PrefixTree(capacity),
+        itertools.count(),
+    )
     index_of = []  # each stream key's prompt
     for g, members in enumerate(groups):
         for index in members:
-            policy.add(Request(prompts[index], None, 1, targets[index] if exact_room else max(targets), group=g))
+            request = Request(prompts[index], None, 1, targets[index] if exact_room else max(targets), document=g)
+            request.make_streams(keys)
+            policy.add(request)
             index_of.append(index)
     live: dict[int, object] = {}  # stream key -> the stream
     left: dict[int, int] = {}  # stream key -> tokens still to decode
@@ -52,9 +59,9 @@ def replay(prompts, targets, groups, doc_len: int, capacity: int, streams: int, 
     rounds = admitting = prefilled = live_sum = cohort_sum = own_slots = doc_slots = 0
     group_of = {index: g for g, members in enumerate(groups) for index in members}
     while policy.waiting() or live:
-        admitted = policy.admit(len(live))
+        admitted = [s for r in policy.admit(tree, len(live)) for s in r.streams]
         admitting += bool(admitted)
-        for node in policy.tree.pending():
+        for node in tree.pending():
             prefilled += len(node.tokens) - node.written
             node.written = len(node.tokens)
         for stream in admitted:
@@ -67,7 +74,7 @@ def replay(prompts, targets, groups, doc_len: int, capacity: int, streams: int, 
         for key in list(live):
             left[key] -= 1
             if not left[key]:
-                policy.release(live.pop(key))
+                tree.leave(live.pop(key).key)
     return {"rounds": rounds, "mean_live": round(live_sum / rounds, 1), "admitting_rounds": admitting,
             "mean_cohorts": round(cohort_sum / rounds, 1), "prompt_tokens_prefilled": prefilled,
             "own_slots_read": own_slots, "document_slots_read": doc_slots}  # fmt: skip

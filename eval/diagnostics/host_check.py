@@ -32,7 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "eval")]  # the package, and eval/'s scrip
 
 from bench import BOOK  # noqa: E402
 
-from hf_parallel.engine import generate  # noqa: E402
+from hf_parallel.frontends import generate  # noqa: E402
 from hf_parallel.frontends.default_model import SMOLLM2_GGUF, smollm2_dir  # noqa: E402
 from hf_parallel.frontends.prompting import CHAT_TEMPLATE, render_prompt, render_prompts  # noqa: E402
 from hf_parallel.models import placement, projections  # noqa: E402

@@ -73,9 +73,14 @@ def in_vocabulary(model: PreTrainedModel, pieces: list[list[int]]) -> bool:
 
 
 class TooLong(ValueError):
-    """A prompt (with its new tokens) past the model's positions; `code`: the error's name in an API response."""
+    """A prompt (with its new tokens) past the model's positions; `code`: the error's name in an API response;
+    `by_prompt`: the prompt alone fills the positions (else its new tokens pass them)."""
 
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, by_prompt: bool):
+        super().__init__(message)
+        self.by_prompt = by_prompt
 
 
 def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int = 0) -> None:
@@ -85,7 +90,8 @@ def check_length(model: PreTrainedModel, name: str, tokens: list[int], room: int
         extra = f"; with max_new_tokens={room} it" if room else ", which"
         raise TooLong(
             f"{name} has {len(tokens)} tokens{extra} would exceed the model's {limit} positions "
-            "(max_position_embeddings)"
+            "(max_position_embeddings)",
+            len(tokens) >= limit,
         )
 
 

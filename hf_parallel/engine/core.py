@@ -89,9 +89,18 @@ class EngineCore:
     beside the first round's host work (`ModelRunner.prebuild`).
     """
 
-    def __init__(self, model: PreTrainedModel, runner: ModelRunner, policy: AdmissionPolicy, memory: RowContents,
-                 chunk: int, lanes: int = 1, assistant: AssistantDrafter | None = None, isolate: bool = False,
-                 prebuild: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        runner: ModelRunner,
+        policy: AdmissionPolicy,
+        memory: RowContents,
+        chunk: int,
+        lanes: int = 1,
+        assistant: AssistantDrafter | None = None,
+        isolate: bool = False,
+        prebuild: int = 0,
+    ):
         self.runner, self.assistant, self.isolate, self.device = runner, assistant, isolate, runner.device
         self.read_late = runner.opts.tuning.read_late  # False: each round read at once (`Tuning.read_late`)
         recurrent = runner.profile.recurrent

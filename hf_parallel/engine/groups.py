@@ -182,9 +182,8 @@ class DraftingGroup(ProcessedGroup):
         for stream, n in zip(streams, chosen.counts.tolist()):
             stream.chosen += n
             if self.drafter.adaptive and stream.draft:
-                whole = n == len(stream.draft) + 1
-                stream.draft_limit = min(stream.draft_limit + 2, self.drafter.num_tokens) if whole else max(
-                    stream.draft_limit - 1, 1)  # fmt: skip
+                grown, shrunk = min(stream.draft_limit + 2, self.drafter.num_tokens), max(stream.draft_limit - 1, 1)
+                stream.draft_limit = grown if n == len(stream.draft) + 1 else shrunk
             stream.draft = []
         self.processors.set_lengths([s.chosen for s in streams])
         self.drafter.accepted(accepted)

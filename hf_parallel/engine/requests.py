@@ -17,9 +17,17 @@ from ..decoding.options import GenerationOptions
 from ..runner.patching import ModelProfile
 
 
-def check_request(model: PreTrainedModel, profile: ModelProfile | None, prompt: list[int],
-                  opts: GenerationOptions | None = None, targets: list[int] | None = None, name: str = "the prompt",
-                  target_name: str = "the continuation", both: str = "", ids_checked: bool = False) -> int:  # fmt: skip
+def check_request(
+    model: PreTrainedModel,
+    profile: ModelProfile | None,
+    prompt: list[int],
+    opts: GenerationOptions | None = None,
+    targets: list[int] | None = None,
+    name: str = "the prompt",
+    target_name: str = "the continuation",
+    both: str = "",
+    ids_checked: bool = False,
+) -> int:
     """Refuse a request (module docstring) before any work; its streams' most new tokens (generate's, for this prompt).
 
     opts: a generation request's options; targets: a score request's tokens (its last is only a target, never an

@@ -48,8 +48,17 @@ class Scheduler:
     layers (their decoding streams take a lane each of `lanes`); drafter: the assistant's `AssistantDrafter`, where
     a request drafts with one."""
 
-    def __init__(self, model: PreTrainedModel, policy: AdmissionPolicy, memory: RowContents, chunk: int,
-                 device: torch.device, recurrent: bool = False, lanes: int = 1, drafter=None):  # fmt: skip
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        policy: AdmissionPolicy,
+        memory: RowContents,
+        chunk: int,
+        device: torch.device,
+        recurrent: bool = False,
+        lanes: int = 1,
+        drafter=None,
+    ):
         self.model, self.policy, self.memory, self.chunk, self.device = model, policy, memory, chunk, device
         self.recurrent, self.drafter, self.lane_count = recurrent, drafter, lanes
         self.lanes = list(range(lanes - 1, -1, -1)) if recurrent else []  # recurrent states' rows not in use

@@ -156,8 +156,9 @@ class Generation:
         if compiler_unimported() and compiles(opts, loop_device(model), placement(model).eager_only, recurrent=False):
             import_compiler()
         profile = check_support(model) if prompts else None
-        limits = [check_request(model, profile, p, opts, name=f"prompt {i}", ids_checked=True)
-                  for i, p in enumerate(prompts)]  # fmt: skip
+        limits = [
+            check_request(model, profile, p, opts, name=f"prompt {i}", ids_checked=True) for i, p in enumerate(prompts)
+        ]
         streams = [prompt for prompt in prompts for _ in range(opts.num_return_sequences)]  # one prompt stored once
         layout = build_layout(streams, max(limits, default=1)) if streams else None
         # the ids checked once each where prompts share them (a document's once, not once per question); where one

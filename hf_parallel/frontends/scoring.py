@@ -116,5 +116,12 @@ def check_inputs(model: PreTrainedModel, profile, prompts, continuations) -> Non
             raise ValueError(f"prompt {p} has no candidate continuations")
         for c, cont in enumerate(cands):
             names = dict(name=f"prompt {p}", target_name=f"continuation {c} of prompt {p}")
-            check_request(model, profile, prompt, targets=cont, both=f"prompt {p} with continuation {c}", **names,
-                          ids_checked=c > 0)  # fmt: skip
+            check_request(
+                model,
+                profile,
+                prompt,
+                targets=cont,
+                both=f"prompt {p} with continuation {c}",
+                **names,
+                ids_checked=c > 0,
+            )

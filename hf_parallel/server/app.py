@@ -165,7 +165,7 @@ class Run:
                 waiting -= 1
             elif event[1] == "error":
                 self.cancel()
-                raise engine_error(event[2])
+                raise engine_error(event[2], self.work.kind)
             else:
                 self.buffer.append(event)
         self.answer.limits = [r.max_new_tokens for r in self.requests]
@@ -181,7 +181,7 @@ class Run:
                 p, kind, value = self.buffer.pop(0) if self.buffer else await self.queue.get()
                 if kind == "error":
                     self.cancel()
-                    yield _sse(engine_error(value).body())
+                    yield _sse(engine_error(value, self.work.kind).body())
                     return
                 for i, text, reason in answer.apply(p, kind, value):
                     if text or reason:
@@ -206,7 +206,7 @@ class Run:
                 continue
             if kind == "error":
                 self.cancel()
-                raise engine_error(value)
+                raise engine_error(value, self.work.kind)
             answer.apply(p, kind, value)
         return answer.body()
 

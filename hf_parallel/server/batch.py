@@ -184,7 +184,7 @@ def _run(engine: Engine, jobs: list[Job], output_path, summary: Summary, progres
                 for request in job.requests:
                     request.cancel()
                 engine.wake()
-                error = engine_error(value)
+                error = engine_error(value, job.work.kind)
                 job.answer.open, line = 0, _line(job.custom_id, _response(error.status, error.body()), None)
             else:
                 job.answer.apply(p, kind, value)

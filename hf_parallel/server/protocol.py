@@ -45,12 +45,16 @@ def fault_status(err: Exception) -> int:
     return 400 if isinstance(err, CLIENT_FAULTS) else 500
 
 
-def engine_error(err: Exception) -> ApiError:
-    """The `ApiError` of a request the engine failed with `err`, with the error's `code` where it names one (a
-    request larger than the row: `row_too_small`; past the model's positions: `context_length_exceeded`)."""
+def engine_error(err: Exception, kind: str = "completions") -> ApiError:
+    """The `ApiError` of a `kind` request the engine failed with `err`, with the error's `code` where it names one (a
+    request larger than the row: `row_too_small`; past the model's positions: `context_length_exceeded`, whose
+    param is the prompt, or max_tokens where the new tokens pass them)."""
     status = fault_status(err)
     message = str(err) if status < 500 else f"the request failed: {err}"
-    return ApiError(status, message, code=getattr(err, "code", None))
+    param = None
+    if hasattr(err, "by_prompt"):
+        param = ("prompt" if kind == "completions" else "messages") if err.by_prompt else "max_tokens"
+    return ApiError(status, message, param=param, code=getattr(err, "code", None))
 
 
 def answer_eos(model, tokenizer) -> set[int]:

@@ -172,7 +172,7 @@ def test_a_compiling_call_imports_the_compiler_beside_its_support_probe():
     code = textwrap.dedent("""
         import sys
         from hf_parallel import generate_tokens
-        from hf_parallel.runner import probe
+        from hf_parallel.frontends import probe
         from hf_parallel.models import compiled_parts
         from tests.helpers.models import tiny_model
         assert compiled_parts.COMPILER not in sys.modules
