@@ -461,7 +461,7 @@ def roofline(config, prompts, work: Workload, ceilings: dict) -> dict:
     c = config
     head_dim = c.hidden_size // c.num_attention_heads
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2  # bf16 K and V
-    layer_params, head_params = _linear_params(c)
+    layer_params, head_params = linear_params(c)
     weights = 2 * (layer_params + head_params)
     attn_flops = lambda q, k: 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * q * k  # noqa: E731
     bandwidth, matmul = ceilings["bandwidth"], ceilings["matmul"]
@@ -489,7 +489,8 @@ def roofline(config, prompts, work: Workload, ceilings: dict) -> dict:
                 serial_s=serial_prefill + serial_decode)  # fmt: skip
 
 
-def _linear_params(c):
+def linear_params(c):
+    """[the decoder layers' linear weights, the LM head's] in parameters, of a model config."""
     head_dim = c.hidden_size // c.num_attention_heads
     attn = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
     mlp = 3 * c.hidden_size * c.intermediate_size

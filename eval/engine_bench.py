@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _linear_params, build_model, measure_ceilings  # noqa: E402
+from bench import build_model, linear_params, measure_ceilings  # noqa: E402
 
 from hf_parallel.engine.serving import Engine  # noqa: E402
 
@@ -123,7 +123,7 @@ def bound(
     c = config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2  # bf16 K and V
-    layer_params, head_params = _linear_params(c)
+    layer_params, head_params = linear_params(c)
     weights = 2 * (layer_params + head_params)
     attn_flops = lambda q, k: 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * q * k  # noqa: E731
     requests = groups * per_group

@@ -75,7 +75,7 @@ def test_the_serving_bound():
     args = (config, 32, 16, 2048, 128, 256)
     clients = engine_bench.bound(*args, 64, True, ceilings)
     at_once = engine_bench.bound(*args, 512, False, ceilings)
-    weights = 2 * sum(bench._linear_params(config))
+    weights = 2 * sum(bench.linear_params(config))
     assert clients["bound_round_gb"] * 1e9 > weights
     rounds = 512 * 255 / 64
     assert clients["bound_decode_s"] == pytest.approx(rounds * clients["bound_round_gb"] * 1e9 / 3e12, rel=1e-2)
