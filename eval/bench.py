@@ -70,7 +70,7 @@ import transformers
 from hf_parallel import Session, Tuning, generate_tokens
 from hf_parallel.attention import launcher
 from hf_parallel.attention.triton import TritonBackend
-from hf_parallel.frontends.generate import generate_layout
+from hf_parallel.engine.generate import generate_layout
 from hf_parallel.models.checks import cache_keyword
 from hf_parallel.row.layout import build_layout
 
@@ -490,6 +490,7 @@ def roofline(config, prompts, work: Workload, ceilings: dict) -> dict:
 
 
 def linear_params(c):
+    """[the decoder layers' linear weights, the LM head's] in parameters, of a model config."""
     head_dim = c.hidden_size // c.num_attention_heads
     attn = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
     mlp = 3 * c.hidden_size * c.intermediate_size

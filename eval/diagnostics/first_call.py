@@ -13,9 +13,9 @@ tokens, random bf16 weights of the shape), each timed; the first call's overhead
 others, with what the first call built (`first_call_builds`: Triton's builds on the calling thread, those on threads
 beside it, and Dynamo's compilations, count and seconds).  Prints and writes one JSON row per process.
 `--no-prebuild` measures with every kernel built at its first launch, on the calling thread, not on threads before
-it (`ModelRunner.prebuild`); `--no-early-import` with Inductor's compiler imported at
-the first `torch.compile`, not beside the support probe (`compiled_parts.import_compiler`); `--prefill-apart` with a
-prefill chunk's q, k and v each a tensor of its own (bench's `pp_prefill_apart`: the rotary embedding compiles a
+it (`ModelRunner.prebuild`); `--no-early-import` with Inductor's compiler imported at the first `torch.compile`, not
+beside the support probe (`compiled_parts.import_compiler`); `--prefill-apart` with a prefill chunk's q, k and v each
+a tensor of its own (`Tuning(prefill_columns=False)`, bench's `pp_prefill_apart`: the rotary embedding compiles a
 second graph, for the decode steps' strides); `--profile N` adds the first call's cProfile (top N functions by
 cumulative time; it slows Python-heavy work).
 
@@ -108,10 +108,8 @@ def one_process(args) -> dict:
         from hf_parallel.engine import generate  # the support probe
 
         generate.import_compiler = lambda: None
-    if args.prefill_apart:  # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)
-        from bench import prefill_apart
-
-        prefill_apart().start()
+    # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)
+    tuning = {"tuning": hf_parallel.Tuning(prefill_columns=False)} if args.prefill_apart else {}
     model = build_model(args.model, device)
     vocab = model.config.vocab_size
     work = Workload("first call", args.doc, args.questions, args.answer_tokens)
@@ -124,7 +122,7 @@ def one_process(args) -> dict:
         profiled = cProfile.Profile() if args.profile and not call else contextlib.nullcontext()
         with CompileTimer() as timer, profiled as prof:
             out = hf_parallel.generate_tokens(model, prompts, max_new_tokens=args.answer_tokens, eos_token_id=[],
-                                              compile=compiled, progress=False)  # fmt: skip
+                                              compile=compiled, progress=False, **tuning)  # fmt: skip
             torch.cuda.synchronize() if device.type == "cuda" else None
         times.append(time.perf_counter() - start)
         assert all(len(o) == args.answer_tokens for o in out)
@@ -171,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "--prefill-apart",
         action="store_true",
         help="the ablation: a prefill chunk's q, k and v each a tensor of its own, not columns "
-        "of one output (`projections.ProjectionGroup.outputs`): rotary compiles twice",
+        "of one output (`Tuning(prefill_columns=False)`): rotary compiles twice",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
