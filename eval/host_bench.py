@@ -145,8 +145,9 @@ def tiny_model(vocab: int) -> transformers.PreTrainedModel:
         vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=4096, bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config).eval()
+    with torch.random.fork_rng():  # the same weights each time, torch's global generator left as it was
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).eval()
 
 
 def ids(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -178,12 +179,12 @@ def refill_work(n: int, vocab: int, new: int, seed: int = 0) -> Work:
     max_length (`max_memory`: `make_work`'s)."""
     rng = random.Random(seed)
     prompts, targets = [], []
-    for _ in range(-(-2 * n // PER_DOC)):
-        doc = ids(rng, REFILL_DOC, vocab)
-        for _ in range(PER_DOC):
-            q = rng.randint(8, max(8, new + 8 - SHORTEST))
-            prompts.append(doc + ids(rng, q, vocab))
-            targets.append(new + 8 - q)
+    for i in range(2 * n):
+        if i % PER_DOC == 0:
+            doc = ids(rng, REFILL_DOC, vocab)
+        q = rng.randint(8, max(8, new + 8 - SHORTEST))
+        prompts.append(doc + ids(rng, q, vocab))
+        targets.append(new + 8 - q)
     options = dict(max_length=REFILL_DOC + new + 8, eos_token_id=[], do_sample=False, progress=False,
                    prefill_chunk=CHUNK)  # fmt: skip
     return Work("refill", n, prompts, targets, options)
@@ -202,17 +203,24 @@ def arrivals_work(n: int, vocab: int, new: int, seed: int = 0) -> Work:
 
 
 def memory_for(model, profile, streams: int, slots: int, prompts: int) -> int:
-    """The smallest `max_memory` (to 5%) whose row (`size_row`, as a call of `prompts` prompts sizes it) takes
-    `streams` streams and `slots` slots."""
+    """A small `max_memory` whose row (`size_row`, as a call of `prompts` prompts sizes it) takes `streams` streams
+    and `slots` slots: bisected to the byte (the least, but where more streams' working memory leaves fewer slots)."""
     from hf_parallel.runner.sizing import size_row
 
-    total = slots * profile.slot_bytes
-    while True:
-        with contextlib.suppress(ValueError):  # not even one prompt fits: more
+    def holds(total: int) -> bool:
+        try:
             size = size_row(model, profile, CHUNK, total, prompts)
-            if size.streams >= streams and size.capacity >= slots:
-                return total
-        total = int(total * 1.05) + 4096
+        except ValueError:  # not even one prompt
+            return False
+        return size.streams >= streams and size.capacity >= slots
+
+    low, high = 0, max(slots * profile.slot_bytes, 1)
+    while not holds(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if holds(middle) else (middle, high)
+    return high
 
 
 def make_work(name: str, n: int, vocab: int, new: int, model, profile) -> Work:
