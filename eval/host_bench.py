@@ -27,7 +27,8 @@ Workloads (`--workloads`), each at every `--streams` N, greedy, no EOS (eos_toke
               tokens and its own max_new_tokens (16 to `--new`), from N closed-loop clients (each sends its next
               request when its last is done), so that requests arrive while others decode.  The first N are
               queued at once under the engine's lock (`Engine._wake`, a private name), so that both packages run
-              the same rounds.
+              the same rounds.  The engine's thread checks each request as it arrives (its options resolved and
+              generate's lists prepared): that time counts too, the first N requests' in the setup.
 
 Each (vocabulary, workload, N) runs `--repeats` times per package, alternated (new, main, new, main, ...), after one
 untimed run of the workload at 8 streams per package.  Per run: the wall seconds of the call (`generate_tokens`; for
@@ -333,16 +334,18 @@ def summarize(work: Work, vocab: int, runs: dict[str, list[dict]]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| workload | vocab | streams | new ms/round | main ms/round | ratio new/main | µs per stream-round (new) "
-            "| setup ms (new) | rounds | mean live | tokens | identical |")  # fmt: skip
+    """The markdown table: per row both copies' ms per round (median, min), the ratios new / main of the medians
+    and of the mins, and this tree's µs per stream-round and setup."""
+    head = ("| workload | vocab | streams | new ms/round | main ms/round | ratio new/main (of mins) "
+            "| µs per stream-round (new) | setup ms (new) | rounds | mean live | tokens | identical |")  # fmt: skip
     lines = [head, "|" + " --- |" * head.count(" | ") + " --- |"]
     for r in rows:
+        new, main = (f"{r[f'{k}_ms_round_median']:.3f} (min {r[f'{k}_ms_round_min']:.3f})" for k in ("new", "main"))
         lines.append(
-            f"| {r['workload']} | {r['vocab']} | {r['streams']} | {r['new_ms_round_median']:.3f} "
-            f"(min {r['new_ms_round_min']:.3f}) | {r['main_ms_round_median']:.3f} (min {r['main_ms_round_min']:.3f}) "
-            f"| {r['ratio_median']:.3f} | {r['new_us_stream_round_median']:.2f} | {r['new_setup_ms_median']:.1f} "
-            f"| {r['rounds']} | {r['mean_live']} "
-            f"| {r['tokens']} | {r['identical']}/{r['prompts']} |"
+            f"| {r['workload']} | {r['vocab']} | {r['streams']} | {new} | {main} "
+            f"| {r['ratio_median']:.3f} ({r['ratio_min']:.3f}) | {r['new_us_stream_round_median']:.2f} "
+            f"| {r['new_setup_ms_median']:.1f} | {r['rounds']} | {r['mean_live']} | {r['tokens']} "
+            f"| {r['identical']}/{r['prompts']} |"
         )
     return "\n".join(lines)
 
