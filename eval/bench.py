@@ -70,7 +70,7 @@ import transformers
 from hf_parallel import Session, Tuning, generate_tokens
 from hf_parallel.attention import launcher
 from hf_parallel.attention.triton import TritonBackend
-from hf_parallel.engine.generate import generate_layout
+from hf_parallel.frontends.generate import generate_layout
 from hf_parallel.models.checks import cache_keyword
 from hf_parallel.row.layout import build_layout
 

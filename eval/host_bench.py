@@ -22,7 +22,7 @@ Workloads (`--workloads`), each at every `--streams` N, greedy, no EOS (eos_toke
               5%) whose row (`size_row`) takes N streams and the slots of the first N prompts, so that documents
               wait and join as streams finish.  Answers of 32 to `--new` tokens: one `max_length` for the call and
               questions of different lengths (a stream's limit is max_length less its prompt).
-    arrivals  the serving engine (`hf_parallel.engine.serving.Engine`, max_streams N, a `max_memory` found the same
+    arrivals  the serving engine (`hf_parallel.frontends.serving.Engine`, max_streams N, a `max_memory` found the same
               way): 2N requests over ceil(N / 16) shared system prompts of 256 tokens, each with a question of 16
               tokens and its own max_new_tokens (16 to `--new`), from N closed-loop clients (each sends its next
               request when its last is done), so that requests arrive while others decode.  The first N are
@@ -89,8 +89,18 @@ class Package:
     def __post_init__(self):
         name = self.module.__name__
         self.runner_class = importlib.import_module(f"{name}.runner.model_runner").ModelRunner
-        self.check_support = importlib.import_module(f"{name}.runner.probe").check_support
-        self.Engine = importlib.import_module(f"{name}.engine.serving").Engine
+        self.check_support = _first(name, "frontends.probe", "runner.probe").check_support
+        self.Engine = _first(name, "frontends.serving", "engine.serving").Engine
+
+
+def _first(package: str, *modules: str):
+    """The first of `modules` that `package` has (a module moves between commits)."""
+    for module in modules:
+        try:
+            return importlib.import_module(f"{package}.{module}")
+        except ModuleNotFoundError:
+            continue
+    raise ModuleNotFoundError(f"{package} has none of {', '.join(modules)}")
 
 
 def load_packages(baseline: Path) -> list[Package]:

@@ -105,7 +105,7 @@ def one_process(args) -> dict:
 
         ModelRunner.prebuild = lambda self, inputs, decode_streams=0: []
     if args.no_early_import:  # the ablation: Inductor's compiler imported at the first torch.compile, not beside
-        from hf_parallel.engine import generate  # the support probe
+        from hf_parallel.frontends import generate  # the support probe
 
         generate.import_compiler = lambda: None
     # the ablation: a prefill chunk's q, k and v tensors of their own (bench's pp_prefill_apart)

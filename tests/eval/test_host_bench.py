@@ -13,8 +13,8 @@ import torch
 from transformers import PreTrainedModel
 
 import hf_parallel
+from hf_parallel.frontends.probe import check_support
 from hf_parallel.runner.model_runner import ModelRunner
-from hf_parallel.runner.probe import check_support
 from tests.helpers.project import ROOT, eval_module
 
 host_bench = eval_module("host_bench")
