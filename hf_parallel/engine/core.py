@@ -195,14 +195,14 @@ class EngineCore:
         for group, who, record in output.read():
             accepted, done = group.accept(who, record)
             ended += done
-            for a in accepted:
-                stream = a.stream
+            for stream, tokens, stopped in zip(accepted.streams, accepted.tokens, accepted.stopped):
                 if stream.status is not Status.DECODE:
                     continue  # ended before this round was read (fed once more, or gone)
-                new = stream.take(a.tokens)
+                new = tokens[: stream.limit - len(stream.tokens)]  # none past its limit
+                stream.tokens += new
                 self.stats.tokens += len(new)
                 news.setdefault(id(stream.request), (stream.request, []))[1].extend((stream.answer, t) for t in new)
-                if a.stopped or len(stream.tokens) >= stream.limit:
+                if stopped or len(stream.tokens) >= stream.limit:
                     ended.append(stream)
         for request, pairs in news.values():
             request.on_event("tokens", pairs)

@@ -38,9 +38,9 @@ class LookupDrafter:
     def drafts(self, streams: list[Stream], limits: list[int]) -> list[list[int]]:
         return [self.lookup.draft(s.lookup, k) for s, k in zip(streams, limits)]
 
-    def accepted(self, accepted: list[Accepted]) -> None:
-        for a in accepted:
-            self.lookup.extend(a.stream.lookup, a.tokens)
+    def accepted(self, accepted: Accepted) -> None:
+        for stream, tokens in zip(accepted.streams, accepted.tokens):
+            self.lookup.extend(stream.lookup, tokens)
 
 
 class AssistantDrafter:
@@ -93,5 +93,5 @@ class AssistantDrafter:
             ids, keep = [token for _, token in going], None
         return drafts
 
-    def accepted(self, accepted: list[Accepted]) -> None:
+    def accepted(self, accepted: Accepted) -> None:
         """Nothing: the next round feeds the stream's accepted tokens again (its drafted ones over their own K/V)."""

@@ -10,10 +10,10 @@
                     drafts need the tokens accepted).
     ScoreGroup      no stream decodes: the log-probabilities read at some prompt positions (`ScoreRequest`).
 
-A group's row i is its stream i; every row feeds each round (its newest token, or a draft), and streams that start
-this round join at the end with the logits of their prompt's last token.  What the feed needs comes from the streams
-themselves (each one's slots and `chosen` count): a group keeps only its device state (each row's newest token, the
-processors' histories).
+A group's streams are in order: stream i takes its logits row i.  Every stream feeds each round (its newest token,
+or a draft), and streams that start this round join at the end with the logits of their prompt's last token.  The
+one home of each stream's chosen count is its group's `count` (the stream reads it as `Stream.chosen`); the feed's
+slots follow from it and each stream's answer slots (`first`, `stride`, copied when it joins and never changed).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from .streams import Accepted, Chosen, Feed, Scored, ScoreRequest, Stream
 
 
 class ChoiceGroup:
-    """Rows of streams on `device`, and each row's newest token (`last`, device).  A row is never fed once it has
-    its most tokens (its answer room ends there)."""
+    """Streams on `device`: each one's tokens chosen so far (`count`, host; a round ahead of its tokens read), its
+    answer slots (`first` + `stride` * t) and most tokens (`limit`), and its newest token (`last`, device).  A
+    stream is never fed once it has its most tokens (its answer room ends there)."""
 
     reads_at_once = False  # the next round needs this one's tokens on the host
     pooled = False  # kept while empty, for later streams (a greedy group of one set of EOS ids)
@@ -37,6 +38,7 @@ class ChoiceGroup:
     def __init__(self, device: torch.device):
         self.device = device
         self.streams: list[Stream] = []
+        self.first = self.stride = self.count = self.limit = np.zeros(0, dtype=np.int64)
         self.last = torch.zeros(0, dtype=torch.long, device=device)
         self.joining: list[Stream] = []
 
@@ -48,37 +50,54 @@ class ChoiceGroup:
         """This round's tokens of the rows (each row's newest token at the slot after its answer so far)."""
         if not self.streams:
             return None
-        slots = np.fromiter((s.slots[s.chosen - 1] for s in self.streams), np.int64, len(self.streams))
+        slots = self.first + self.stride * (self.count - 1)
         return Feed(slots, self.last, np.ones(len(self.streams), dtype=np.int64))
 
     def choose(self, logits: torch.Tensor) -> tuple[list[Stream], Chosen]:
         """Every row's token from its logits [n, V] (the fed rows', then the joining streams'), on the device."""
         self._take_joining()
         new, stops = self.pick(logits)
-        self.last = new
-        for stream in self.streams:
-            stream.chosen += 1
+        self.last, self.count = new, self.count + 1
         return list(self.streams), Chosen(new[:, None], torch.ones_like(new), stops)
 
     def pick(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's token [n] and whether a criterion stops it [n] bool."""
         raise NotImplementedError
 
-    def accept(self, streams: list[Stream], chosen: Chosen) -> tuple[list[Accepted], list]:
-        """The round's choices, read on the host (`chosen`: arrays): each stream's accepted tokens (what ends with
-        them is the core's to say)."""
-        rows, counts, stops = chosen.tokens.tolist(), chosen.counts.tolist(), chosen.stops.tolist()
-        return [Accepted(s, row[:n], bool(stop)) for s, row, n, stop in zip(streams, rows, counts, stops)], []
+    def full(self) -> np.ndarray:
+        """[n] bool: the streams that have their most tokens."""
+        return self.count >= self.limit
+
+    def accept(self, streams: list[Stream], chosen: Chosen) -> tuple[Accepted, list]:
+        """The round's choices, read on the host (`chosen`: arrays): its streams' accepted tokens (what ends with them
+        is the core's to say)."""
+        rows, counts = chosen.tokens.tolist(), chosen.counts.tolist()
+        tokens = [row[:n] for row, n in zip(rows, counts)] if chosen.tokens.shape[1] > 1 else rows
+        return Accepted(streams, tokens, chosen.stops.tolist()), []
 
     def drop(self, kept: np.ndarray) -> None:
-        """Keep the rows where `kept` [n] bool (host) is set."""
+        """Keep the streams where `kept` [n] bool (host) is set; the others leave the group."""
+        for stream, k in zip(self.streams, kept.tolist()):
+            stream.group = None if not k else self
         self.streams = [s for s, k in zip(self.streams, kept.tolist()) if k]
+        for row, stream in enumerate(self.streams):
+            stream.row = row
+        self.first, self.stride, self.count = self.first[kept], self.stride[kept], self.count[kept]
+        self.limit = self.limit[kept]
         if len(self.last) == len(kept):
             self.last = self.last.index_select(0, upload(torch.from_numpy(np.flatnonzero(kept)), self.device))
 
     def _take_joining(self) -> list[Stream]:
         new, self.joining = self.joining, []
+        for row, stream in enumerate(new, len(self.streams)):
+            stream.group, stream.row = self, row
         self.streams = self.streams + new
+        slots = [s.slots for s in new]
+        first = np.array([a[0] for a in slots], dtype=np.int64)
+        stride = np.array([a[1] - a[0] if len(a) > 1 else 1 for a in slots], dtype=np.int64)
+        self.first, self.stride = np.concatenate([self.first, first]), np.concatenate([self.stride, stride])
+        self.count = np.concatenate([self.count, np.zeros(len(new), dtype=np.int64)])
+        self.limit = np.concatenate([self.limit, np.array([s.limit for s in new], dtype=np.int64)])
         return new
 
 
@@ -138,7 +157,8 @@ class DraftingGroup(ProcessedGroup):
         for stream, draft in zip(self.streams, self.drafter.drafts(self.streams, limits)):
             stream.draft = draft
         rows = np.array([1 + len(s.draft) for s in self.streams], dtype=np.int64)
-        slots = np.concatenate([s.slots[s.chosen - 1 : s.chosen + len(s.draft)] for s in self.streams])
+        steps = np.concatenate([np.arange(n) for n in rows]) + np.repeat(self.count - 1, rows)
+        slots = np.repeat(self.first, rows) + np.repeat(self.stride, rows) * steps
         ids = [t for s in self.streams for t in [s.tokens[-1], *s.draft]]
         return Feed(slots, upload(torch.tensor(ids, dtype=torch.long), self.device), rows)
 
@@ -174,18 +194,18 @@ class DraftingGroup(ProcessedGroup):
         chosen, stopped, alive = torch.stack(chosen, 1), torch.stack(stopped, 1), torch.stack(alive, 1)
         return chosen, alive.sum(1), (stopped & alive).any(1)
 
-    def accept(self, streams: list[Stream], chosen: Chosen) -> tuple[list[Accepted], list]:
-        """Read at once, before any row leaves: each stream's count moves on by what it accepted, its processors'
+    def accept(self, streams: list[Stream], chosen: Chosen) -> tuple[Accepted, list]:
+        """Read at once, before any stream leaves: each stream's count moves on by what it accepted, its processors'
         history keeps just that, and its draft limit adapts (grows after a draft accepted whole, shrinks after one
         not)."""
         accepted, _ = super().accept(streams, chosen)
+        self.count = self.count + chosen.counts
+        self.processors.set_lengths(self.count)
         for stream, n in zip(streams, chosen.counts.tolist()):
-            stream.chosen += n
             if self.drafter.adaptive and stream.draft:
                 grown, shrunk = min(stream.draft_limit + 2, self.drafter.num_tokens), max(stream.draft_limit - 1, 1)
                 stream.draft_limit = grown if n == len(stream.draft) + 1 else shrunk
             stream.draft = []
-        self.processors.set_lengths([s.chosen for s in streams])
         self.drafter.accepted(accepted)
         return accepted, []
 
@@ -226,7 +246,7 @@ class ScoreGroup:
 
     reads_at_once = False
 
-    def accept(self, pairs: list, scored: Scored) -> tuple[list, list[ScoreRequest]]:
+    def accept(self, pairs: list, scored: Scored) -> tuple[Accepted, list[ScoreRequest]]:
         """The values read on the host, each into its request's `scores`; no stream's tokens, and the requests now
         complete."""
         done, full = [], iter(scored.rows)
@@ -237,4 +257,4 @@ class ScoreGroup:
             request.left -= 1
             if not request.left:
                 done.append(request)
-        return [], done
+        return Accepted([], [], []), done

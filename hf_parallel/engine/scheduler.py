@@ -25,7 +25,7 @@ from ..runner.model_runner import ForwardInputs, next_signature
 from .drafts import LookupDrafter
 from .groups import ChoiceGroup, DraftingGroup, GreedyGroup, ProcessedGroup, ScoreGroup
 from .policies import AdmissionPolicy
-from .streams import ENDED, Request, Status, Stream
+from .streams import ENDED, LIVE, Request, Status, Stream
 
 
 @dataclass
@@ -70,8 +70,8 @@ class Scheduler:
         self.version = next_signature()  # the decode queries' signature, new whenever they change
 
     def live(self) -> int:
-        """Streams placed and not ended."""
-        return sum(h.status in (Status.PREFILL, Status.DECODE) for h in self.placed.values() if h.request.n)
+        """Keys placed and not ended: streams (and score requests, one each)."""
+        return sum(h.status in LIVE for h in self.placed.values())
 
     def schedule(self, keep_stopped: bool) -> Round | None:
         """The next round, None where there is nothing to feed; `keep_stopped`: stopped streams may stay fed (`retire`).
@@ -200,7 +200,7 @@ class Scheduler:
         room) stopped streams stay fed until the live ones fit a smaller bucket, so a captured plan is rewritten once
         per bucket, not once per stream; a stream is never fed past its most tokens."""
         ended = {id(g): np.array([s.status in ENDED for s in g.streams], dtype=bool) for g in self.groups}
-        full = {id(g): np.array([s.chosen >= s.limit for s in g.streams], dtype=bool) for g in self.groups}
+        full = {id(g): g.full() for g in self.groups}
         fed = sum(len(g.streams) for g in self.groups)
         live = fed - sum(int((ended[id(g)] | full[id(g)]).sum()) for g in self.groups)
         keep_stopped = (

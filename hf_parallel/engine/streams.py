@@ -2,8 +2,9 @@
 
 A `Request` is what a front end submits: a prompt, generate's options for it and `n` streams answering it; a
 `ScoreRequest` asks for log-probabilities at a prompt's last positions instead, and generates nothing.  Each
-`Stream` is one answer in the making, and holds everything that is the stream's: its request, its tokens, how
-many its group has chosen, its slots, its status, its draft and its processors, under one key.  A round's
+`Stream` is one answer in the making, and holds everything that is the stream's: its request, its tokens, its
+slots, its status, its draft and its processors, under one key (how many tokens its group has chosen for it, the
+group keeps, and the stream reads).  A round's
 stages hand each other typed records: `Feed` (a group's tokens for the forward), a group's device record
 (`Chosen`, `Scored`), and per stream `Accepted` (on the host, a round late).
 """
@@ -31,6 +32,7 @@ class Status(enum.Enum):
 
 
 ENDED = (Status.DONE, Status.CANCELLED, Status.FAILED)
+LIVE = (Status.PREFILL, Status.DECODE)
 
 
 def _ignore(kind: str, value) -> None:
@@ -75,7 +77,7 @@ class Request:
         self.cancelling = True
 
     def make_streams(self, keys) -> None:
-        self.streams = [Stream(next(keys), self, j) for j in range(self.n)]
+        self.streams = [Stream(next(keys), self, j, limit=self.max_new_tokens) for j in range(self.n)]
 
     def holders(self) -> list:
         """What holds its keys in the row: its streams."""
@@ -148,13 +150,15 @@ class Scores:
     rows: list[np.ndarray] | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Stream:
     """One answer of a request, and all that is its own (the row, the groups and the drafters keep nothing of it).
 
     key:         its key in the row (its prompt and answer room are found by it); index: the caller's number.
+    limit:       its most new tokens (its request's `max_new_tokens`, as checked).
     tokens:      its accepted tokens (host, read a round late).
-    chosen:      tokens its group has chosen for it on the device: `len(tokens)` once read, a round ahead before.
+    chosen:      tokens its group has chosen for it on the device: `len(tokens)` once read, a round ahead before
+                 (kept by its group, `ChoiceGroup.count`, where it is `group`'s stream `row`).
     slots:       [limit] the slot of each of its new tokens, once placed.
     lane:        its recurrent state's row, for models with recurrent layers.
     draft:       the draft it fed this round; draft_limit: its most draft tokens (adaptive).
@@ -166,9 +170,11 @@ class Stream:
     request: Request
     answer: int  # which of its request's n answers it is
     index: int = -1
+    limit: int = 0
     status: Status = Status.WAITING
     tokens: list[int] = field(default_factory=list)
-    chosen: int = 0
+    group: object = None
+    row: int = -1
     slots: np.ndarray | None = None
     lane: int = -1
     draft: list[int] = field(default_factory=list)
@@ -182,19 +188,8 @@ class Stream:
         return self.request.prompt
 
     @property
-    def limit(self) -> int:
-        return self.request.max_new_tokens
-
-    @property
-    def next_slot(self) -> int:
-        """The slot its newest chosen token is fed at."""
-        return int(self.slots[self.chosen - 1])
-
-    def take(self, tokens: list[int]) -> list[int]:
-        """A round's accepted `tokens`, none past its limit; those it took."""
-        new = tokens[: self.limit - len(self.tokens)]
-        self.tokens += new
-        return new
+    def chosen(self) -> int:
+        return int(self.group.count[self.row]) if self.group is not None else len(self.tokens)
 
 
 @dataclass
@@ -229,8 +224,9 @@ class Scored:
 
 @dataclass
 class Accepted:
-    """One stream's tokens of a round, on the host: `tokens` accepted, and whether it stopped with them."""
+    """A group's tokens of a round, on the host: for each of `streams`, its `tokens` accepted and whether it
+    stopped with them (`stopped`)."""
 
-    stream: Stream
-    tokens: list[int]
-    stopped: bool
+    streams: list[Stream]
+    tokens: list[list[int]]
+    stopped: list[bool]
