@@ -1,9 +1,9 @@
-"""The engine: one core loop over a packed row, and the calls that run it.
+"""The engine: one core loop over a packed row.
 
-`core` is the loop (`EngineCore`): each round schedules (an admission policy, `policies`, places waiting
-requests' streams; a chunk of prompt tokens and every decoding stream's newest token or draft are fed), runs one
-forward of the model runner (`hf_parallel.runner`), lets each choice group choose or verify its streams' tokens
+`core` is the loop (`EngineCore`): each round schedules (`scheduler`: an admission policy, `policies`, picks waiting
+requests and the row's contents place them; a chunk of prompt tokens and every decoding stream's newest token or
+draft are fed), runs one forward of the model runner (`hf_parallel.runner`), lets each group choose, verify or score
 (`groups`, with drafts from `drafts`), and updates the streams a round late (`streams`: requests, streams and the
-records the stages hand on).  `generate` is the call (`generate_tokens`, `stream_tokens`), `serving` the engine of
-a server: requests joining a live row while it decodes.
+records the stages hand on).  `requests` is the one door every request is checked by, `stats` what a row's engine
+did.  The calls that run it are front ends (`hf_parallel.frontends`: `generate`, `serving`, `scoring`, `probe`).
 """

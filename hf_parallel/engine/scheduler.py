@@ -1,8 +1,8 @@
 """The scheduler: which streams a round feeds, and which prompt tokens it computes.
 
 Before each round the streams that ended leave their groups and the row (`retire`); the admission policy picks
-waiting requests and the row's memory places them (`engine.policies`, `engine.memory`); then the round feeds every
-group's rows (`engine.groups`: each stream's newest token, or its draft) and up to `chunk` prompt tokens not yet
+waiting requests and the row's memory places them (`engine.policies`, `row.contents`); then the round feeds every
+group's streams (`engine.groups`: each one's newest token, or its draft) and up to `chunk` prompt tokens not yet
 written, and a stream whose prompt is complete joins a group with its prompt's last logits.  `schedule` hands the
 engine core a `Round`: the forward's inputs, the logits rows of each group, the row's new layout if it changed.
 """
