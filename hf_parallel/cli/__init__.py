@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..frontends.threads import requested
+from ..frontends.threads import mark_start, requested
 from ..kernels.notices import silenced
 from . import answer
 from .usage import UsageParser, add_threads_argument, positive_int
@@ -44,6 +44,7 @@ many answers agree.
 
 def main(argv: list[str] | None = None) -> None:
     """`hf-parallel COMMAND [flags]`; a mistake or Ctrl-C ends it as the module docstring says."""
+    mark_start()  # how busy the CPUs are is read from here to the model's load (frontends.threads)
     parser, commands = _parsers()
     args, rest = parser.parse_known_args(argv)
     command = commands[args.command]

@@ -2,14 +2,16 @@
 
 torch starts a thread for every core it sees in the process's affinity mask, not for the CPUs a container's cgroup
 quota allows, and an OpenMP thread that shares its core with another busy process holds up every parallel region
-of the others: on 2 cores with one kept busy by another job, SmolLM2 runs several times slower on 2 threads than on
-1 (docs/guides/cli.md, "Threads").  So the command line and `load_smollm2` (and `load_model` on the CPU) choose:
+of the others: on 2 cores with one kept busy by another job, SmolLM2 runs several times slower on 2 threads than
+on 1 (docs/guides/cli.md, "Threads on the CPU").  So the command line and `load_smollm2` (and `load_model` on the
+CPU) choose:
 
     usable_cpus      the CPUs of the affinity mask (`os.sched_getaffinity`), capped by a cgroup CPU quota
                      (cgroup v2's `cpu.max`, v1's `cpu.cfs_quota_us` / `cpu.cfs_period_us`, of this process's
                      cgroup and each above it), rounded up
     busy_cpus        how many of the affinity mask's CPUs other work keeps busy: their busy share in /proc/stat
-                     over SAMPLE_S seconds while this process sleeps
+                     from the command's start to the model's load (`mark_start`; elsewhere over SAMPLE_S seconds
+                     of sleep), less this process's own share
     default_threads  usable_cpus, less what the busy CPUs take from the mask, rounded (half a CPU busy or more
                      counts), at least 1
 
@@ -134,16 +136,23 @@ def busy_between(before: dict, after: dict, cpus: set[int]) -> float:
     return busy
 
 
+def mark_start() -> None:
+    """Note /proc/stat's counts now (a command's start): `busy_cpus` then measures from here, while the command
+    imports torch and reads its inputs, instead of sleeping."""
+    _STATE["mark"] = (cpu_times(), time.process_time(), time.perf_counter())
+
+
 def busy_cpus(cpus: set[int] | None = None, seconds: float = SAMPLE_S) -> float | None:
-    """How many of `cpus` (default: the affinity mask's) other work keeps busy: their busy share over `seconds`
-    while this process sleeps, less what this process's own threads took meanwhile; None without /proc/stat."""
+    """How many of `cpus` (default: the affinity mask's) other work keeps busy: their busy share over at least
+    `seconds`, from `mark_start` where it was called (else from now, sleeping), less what this process's own
+    threads took meanwhile; None without /proc/stat."""
     cpus = affinity() if cpus is None else cpus
-    before, own = cpu_times(), time.process_time()
+    before, own, start = _STATE.pop("mark", None) or (cpu_times(), time.process_time(), time.perf_counter())
     if not before:
         return None
-    time.sleep(seconds)
-    after, own = cpu_times(), time.process_time() - own
-    return max(0.0, busy_between(before, after, cpus) - own / seconds)
+    time.sleep(max(0.0, start + seconds - time.perf_counter()))
+    after, own, elapsed = cpu_times(), time.process_time() - own, time.perf_counter() - start
+    return max(0.0, busy_between(before, after, cpus) - own / elapsed)
 
 
 def default_threads(usable: int, cpus: int, busy: float | None) -> int:

@@ -18,6 +18,8 @@ import pytest
 
 from hf_parallel import cli
 from hf_parallel.frontends import threads
+from tests.helpers.char_tokenizers import char_tokenizer
+from tests.helpers.models import tiny_model
 from tests.helpers.project import ROOT
 
 TWO_CPUS = sorted(threads.affinity())[:2]
@@ -163,6 +165,32 @@ def test_an_explicit_count_is_kept_and_a_busy_machine_is_said_once(busy_cpu):
         assert set(done.stdout.split()) == {"3" if done is user else "2"}
         (line,) = done.stderr.splitlines()
         assert line.startswith("other work keeps ") and line.endswith(f"{said} may be several times faster"), line
+
+
+@needs_two
+def test_a_command_beside_a_busy_cpu(busy_cpu, tmp_path):
+    """`hf-parallel answer` as a user runs it: one thread and the note naming --threads; with --threads 2, two
+    threads and the note that the machine looks oversubscribed; --quiet: neither note."""
+    tiny_model("llama").save_pretrained(tmp_path / "tiny")
+    char_tokenizer().save_pretrained(tmp_path / "tiny")
+    (tmp_path / "doc.txt").write_text("The cat is named Tom.")
+    (tmp_path / "q.txt").write_text("Who is Tom?\n")
+    answer = ["answer", "--document", "doc.txt", "--questions", "q.txt", "--model", "tiny", "--max-new-tokens", "2"]
+    code = "import sys, torch\nfrom hf_parallel.cli import main\nmain(sys.argv[1:])\nprint(torch.get_num_threads())"
+    said, env = {}, {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"PYTHONPATH": str(ROOT)}
+    for flags in ([], ["--threads", "2"], ["--quiet"]):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *answer, "--device", "cpu", *flags], cwd=tmp_path, capture_output=True,
+            text=True, timeout=300, env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, TWO_CPUS),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        said[" ".join(flags)] = (done.stdout.split()[-1], done.stderr.splitlines())
+    assert said[""][0] == "1" and said[""][1][0].endswith("computing on 1 thread rather than 2 (--threads N chooses)")
+    assert said["--threads 2"][0] == "2" and said["--threads 2"][1][0].endswith(
+        "--threads 1 may be several times faster"
+    )
+    assert said["--quiet"] == ("1", [])
 
 
 def test_every_command_takes_threads(capsys):
