@@ -7,14 +7,14 @@ from __future__ import annotations
 import os
 
 # pytest-xdist runs a worker per core: each computes on one thread (its own processes' too), since two threads a
-# worker would contend for the cores, and a tiny model's small operations run slower on two threads than on one
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ["OMP_NUM_THREADS"] = "1"
+# worker would contend for the cores, and a tiny model's small operations run slower on two threads than on one.
+# Without xdist too: a count the user sets is one hf_parallel keeps (frontends.threads), so that what the tests
+# print does not follow the machine's load (tests/frontends/test_threads.py runs the choice in processes of its own)
+os.environ["OMP_NUM_THREADS"] = "1" if os.environ.get("PYTEST_XDIST_WORKER") else os.environ.get("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 if not torch.cuda.is_available():  # Triton kernels run under its interpreter on the CPU (set before triton loads)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

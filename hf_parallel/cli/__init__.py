@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 
+from ..frontends.threads import mark_start, requested
+from ..kernels.notices import silenced
 from . import answer
-from .usage import UsageParser, positive_int
+from .usage import UsageParser, add_threads_argument, positive_int
 
 DESCRIPTION = """\
 Parallel prompting: a document read once, all its questions answered at once, each as if asked alone.
@@ -29,7 +31,9 @@ Parallel prompting: a document read once, all its questions answered at once, ea
   hf-parallel batch --input IN.jsonl --output OUT.jsonl      an OpenAI batch file, resumable
 
 The model is the embedded SmolLM2-135M-Instruct unless --model names another; it is converted from its GGUF
-file once, into ~/.cache/hf_parallel (HF_HOME's, where HF_HOME is set), and loaded from there after.
+file once, into ~/.cache/hf_parallel (HF_HOME's, where HF_HOME is set), and loaded from there after.  On the CPU
+every command computes on the CPUs this process may use (its affinity and cgroup quota) less those other work
+keeps busy; --threads N, given to any command, chooses.
 """
 DEMO_HELP = """\
 Ten questions about a built-in passage, answered by the embedded SmolLM2-135M-Instruct on the CPU: once with
@@ -40,11 +44,13 @@ many answers agree.
 
 def main(argv: list[str] | None = None) -> None:
     """`hf-parallel COMMAND [flags]`; a mistake or Ctrl-C ends it as the module docstring says."""
+    mark_start()  # how busy the CPUs are is read from here to the model's load (frontends.threads)
     parser, commands = _parsers()
     args, rest = parser.parse_known_args(argv)
     command = commands[args.command]
     try:
-        _run(command, args, rest)
+        with requested(args.threads):
+            _run(command, args, rest)
     except KeyboardInterrupt:  # where the command has no word of its own: while it starts
         command.interrupted("nothing was saved")
 
@@ -65,12 +71,13 @@ def _run(command: UsageParser, args: argparse.Namespace, rest: list[str]) -> Non
         _demo(command, args.max_new_tokens, args.progress)
     else:
         config = answer.config_from(command, args)
-        if config.corpus:
-            from .corpus import answer_corpus  # start-up: each command's module once it is chosen
+        with silenced(config.quiet):
+            if config.corpus:
+                from .corpus import answer_corpus  # start-up: each command's module once it is chosen
 
-            answer_corpus(command, config)
-        else:
-            answer.answer_document(command, config)
+                answer_corpus(command, config)
+            else:
+                answer.answer_document(command, config)
 
 
 def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
@@ -100,7 +107,10 @@ def _parsers() -> tuple[UsageParser, dict[str, UsageParser]]:
     serve_parser = commands.add_parser("serve", help="an OpenAI-compatible HTTP server", add_help=False)
     batch_parser = commands.add_parser("batch", help="an OpenAI batch file answered, resumably", add_help=False)
     parsers = {"demo": demo_parser, "eval": eval_parser, "lm-eval": harness_parser, "answer": answer_parser}
-    return parser, {**parsers, "serve": serve_parser, "batch": batch_parser}
+    parsers = {**parsers, "serve": serve_parser, "batch": batch_parser}
+    for command in parsers.values():  # taken here, before a command's own flags (eval's, lm-eval's, serve's)
+        add_threads_argument(command)
+    return parser, parsers
 
 
 def _lm_eval(parser: UsageParser, argv: list[str]) -> None:

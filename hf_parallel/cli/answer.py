@@ -83,6 +83,7 @@ class AnswerConfig:
     tokens_per_call: int = TOKENS_PER_CALL  # prompt tokens per generate call (corpus mode)
     progress: bool | None = None  # progress bars on stderr; default: when stderr is a terminal
     quiet: bool = False  # nothing on stderr but errors: no progress bars, notes or summary
+    threads: int | None = None  # CPU threads torch computes on; default: `frontends.threads` chooses
     json: bool = False  # one document's answers as one JSON object (single-document mode)
     force: bool = False  # resume an --out that another model or other options wrote (corpus mode)
 
@@ -123,7 +124,7 @@ class AnswerConfig:
         if self.max_memory is not None:
             if parse_memory(self.max_memory) < 1:
                 raise ValueError(f"max_memory must be positive, got {self.max_memory!r}")
-        for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call", "prompt_lookup_num_tokens"):
+        for name in ("max_new_tokens", "prefill_chunk", "tokens_per_call", "prompt_lookup_num_tokens", "threads"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.temperature is not None and self.temperature < 0:

@@ -14,8 +14,9 @@ import sys
 
 from ..decoding.sizes import parse_memory
 from ..frontends.model_loading import DEFAULT_NAME, MODEL_HELP
+from ..kernels.notices import silenced
 from .answer import ATTENTION, DTYPES
-from .usage import UsageParser, positive_int
+from .usage import UsageParser, add_threads_argument, positive_int
 
 SERVE_HELP = """\
 An OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions (streamed or not), /v1/models,
@@ -96,6 +97,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "the same forward (the same answers in fewer forwards); a request's own prompt_lookup_num_tokens field "
         "overrides it, null turning drafts off (default: no drafts)",
     )
+    add_threads_argument(parser)  # `hf-parallel` itself takes it, before these flags: here for --help
 
     parser.add_argument(
         "--scheduling-policy",
@@ -178,6 +180,11 @@ def batch(parser: UsageParser, args: argparse.Namespace) -> None:
     line is answered already.  Exit status 0 once every line has an output line, error lines included."""
     if args.quiet and args.progress:
         parser.fail("--quiet hides the progress bars that --progress asks for: give one of them")
+    with silenced(args.quiet):
+        _batch(parser, args)
+
+
+def _batch(parser: UsageParser, args: argparse.Namespace) -> None:
     if not os.path.exists(args.input):
         parser.fail(f"--input {args.input}: no such file")
     if args.max_memory is not None:

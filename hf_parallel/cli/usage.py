@@ -31,6 +31,17 @@ class UsageParser(argparse.ArgumentParser):
         self.exit(INTERRUPTED, f"{self.prog}: interrupted; {saved}\n")
 
 
+THREADS_HELP = (
+    "CPU threads torch computes on (default: the CPUs this process may use, by its affinity and cgroup quota, less "
+    "those other work keeps busy; OMP_NUM_THREADS where set)"
+)
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """`--threads N`, which every command takes (`frontends.threads`)."""
+    parser.add_argument("--threads", type=positive_int, metavar="N", help=THREADS_HELP)
+
+
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1 (argparse turns the error into a usage error)."""
     try:

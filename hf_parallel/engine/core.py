@@ -161,9 +161,10 @@ class EngineCore:
     def _forward(self, inputs: ForwardInputs) -> torch.Tensor:
         if not self.prebuild_streams:
             return self.runner.forward(inputs)
-        from ..kernels.prebuild import awaiting  # a GPU's: Triton, an optional package
+        from ..kernels.prebuild import announce, awaiting  # a GPU's: Triton, an optional package
 
         futures, self.prebuild_streams = self.runner.prebuild(inputs, self.prebuild_streams), 0
+        announce(futures)  # a line on stderr where the builds take long: a machine's first start
         with awaiting(futures):  # the first launch waits for its kernels
             logits = self.runner.forward(inputs)
         concurrent.futures.wait(futures)  # one that failed fails again at its launch

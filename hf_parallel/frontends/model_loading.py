@@ -22,6 +22,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from . import default_model
 from .progress import shown, transformers_bars
+from .threads import choose_threads
 
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 PROBE_SECONDS = 5.0  # how long the hub may take to say whether it has the model
@@ -39,7 +40,8 @@ class ModelSourceError(ValueError):
 def load_model(name: str | None, dtype, device: str, progress: bool | None = None):
     """(model, tokenizer) of `name` (None: the embedded SmolLM2) in `dtype` (a torch dtype) on `device`, in eval mode.
 
-    progress: the loading's progress bars on stderr; default: when stderr is a terminal.
+    progress: the loading's progress bars on stderr; default: when stderr is a terminal.  On the CPU, torch
+    computes on the threads `threads.choose_threads` chooses (once per process; a count the user set is kept).
     Raises `ModelSourceError` when the name leads nowhere, the device is not there, or the model cannot be loaded.
     """
     import torch  # start-up: `hf-parallel --help` imports neither torch nor transformers
@@ -48,6 +50,7 @@ def load_model(name: str | None, dtype, device: str, progress: bool | None = Non
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ModelSourceError(f"the device {device} is not there: torch sees no CUDA device on this machine")
     source, cache_only = locate(name) if name is not None else (None, True)
+    choose_threads(str(device))
     try:
         if source is None:
             return default_model.load_smollm2(dtype, device, progress)

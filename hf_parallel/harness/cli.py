@@ -1,7 +1,8 @@
 """`python -m hf_parallel.harness`: lm-evaluation-harness's command line with the `hf-parallel` model registered.
 
 Every argument goes to `lm-eval` as it is, with the offline tasks' folder (`TASKS`) added to `--include_path`
-and, for an evaluation that names no model (`--model`, or a `--config` file), `--model hf-parallel`.
+and, for an evaluation that names no model (`--model`, or a `--config` file), `--model hf-parallel`.  An offline
+task whose data file is missing is one line before the model loads (`data.missing_data`), exit status 2.
 Two commands of its own come first when given:
 
     save-smollm2 DIR       write the embedded SmolLM2 to DIR, for `pretrained=DIR` (`--model hf` needs a directory)
@@ -14,10 +15,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
 from lm_eval.__main__ import cli_evaluate
 
+from ..frontends.threads import choose_threads
 from . import model  # noqa: F401 - registers hf-parallel with the harness
 from .compare import compare_runs
+from .data import missing_data
 from .embedded import embedded_model_dir
 from .requests import ModelArgumentError, RequestError
 
@@ -29,8 +33,8 @@ MODEL_OPTIONS = ("--model", "-M", "--config", "-C")  # lm-eval run's flags that 
 def main(argv: list[str] | None = None) -> int:
     """Run the harness on `argv` (default: the process's arguments); the exit status.
 
-    A request hf-parallel cannot answer or a model argument it refuses is one line on stderr,
-    `hf-parallel lm-eval: error: ...`, and status 2."""
+    A request hf-parallel cannot answer, a model argument it refuses or an offline task's missing data file is
+    one line on stderr, `hf-parallel lm-eval: error: ...`, and status 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["save-smollm2"]:
         if len(argv) != 2:
@@ -47,11 +51,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"usage: {PROG} compare OURS THEIRS", file=sys.stderr)
             return 2
         return compare(argv[1], argv[2])
+    missing = missing_data(argv)
+    if missing is not None:  # before lm-eval loads the model, which it does before the tasks' data
+        print(f"{PROG}: error: {missing}", file=sys.stderr)
+        return 2
+    device = next((value for flag, value in zip(argv, argv[1:]) if flag == "--device"), None)
+    choose_threads(device or ("cuda" if torch.cuda.is_available() else "cpu"))  # `--model hf` loads no model of ours
     saved = sys.argv
     sys.argv = ["lm-eval", *harness_argv(argv)]
     try:
         cli_evaluate()
     except (ModelArgumentError, RequestError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as error:  # an offline task's data named another way (a --config file)
+        if "HF_PARALLEL_DATA" not in str(error):
+            raise
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     except SystemExit as stop:  # argparse's --help and usage errors

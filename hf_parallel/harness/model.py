@@ -33,6 +33,7 @@ from ..attention.reference import ReferenceBackend
 from ..compat.lm_eval_internals import encode_pair
 from ..decoding.inputs import check_tokens
 from ..decoding.sizes import parse_memory
+from ..frontends.threads import choose_threads
 from .arguments import batch_size_notice, call_tokens, check_arguments
 from .generation import Stops, decoding_options, generate_group
 from .packing import Packing, dense_keys_per_token
@@ -91,6 +92,7 @@ class HFParallelLM(HFLM):
             except (TypeError, ValueError) as error:
                 raise ModelArgumentError(f"model argument max_memory={max_memory!r}: {error}") from None
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        choose_threads(str(device))  # on the CPU: the CPUs it may use, less those other work keeps busy
         super().__init__(
             pretrained,
             dtype=dtype,

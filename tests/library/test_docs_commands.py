@@ -24,8 +24,10 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +57,7 @@ CLI_STOPS = (
     "hf_parallel.harness.cli.compare",
 )
 RUN_WHOLE = ("docs/guides/cli.md", "docs/guides/batch.md")  # their blocks run on SmolLM2, in an empty folder
+HARNESS_GUIDE = ROOT / "docs" / "guides" / "harness.md"  # its first example runs on a checkout without ../shared
 
 
 class Parsed(Exception):
@@ -319,3 +322,28 @@ def test_the_cli_guides_blocks_run_on_smollm2(page, smollm2, monkeypatch, tmp_pa
         lines = [json.loads(line) for line in (tmp_path / out).read_text().splitlines()]
         answered = [line.get("answers") or line.get("response", {}).get("status_code") == 200 for line in lines]
         assert answered and all(answered), f"{page}: {out}: {lines}"
+
+
+def test_the_harness_guides_first_example_on_a_checkout_without_shared_data(tmp_path):
+    """A fresh clone has no ../shared/data: each evaluation of the guide's first example says in one line which file
+    it needs and what to pass (exit status 2), before loading the model (which the example's save-smollm2 would have
+    written: a model loaded first would fail on the missing directory instead)."""
+    checkout = tmp_path / "clone"
+    shutil.copytree(ROOT / "hf_parallel", checkout / "hf_parallel", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not (tmp_path / "shared").exists()
+    first = next(body for _, language, body in page_blocks(HARNESS_GUIDE) if language == "bash")
+    evaluations = [c.argv for c in shell_commands(first, {"HOME": str(tmp_path)}) if "--tasks" in c.argv]
+    assert len(evaluations) == 2 and all(argv[:2] == ["hf-parallel", "lm-eval"] for argv in evaluations)
+    env = {k: v for k, v in os.environ.items() if k != "HF_PARALLEL_DATA"}
+    env |= {"PYTHONPATH": str(checkout), "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    for argv in evaluations:
+        done = subprocess.run(
+            [sys.executable, "-m", "hf_parallel", *argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-3000:]
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(f"hf-parallel lm-eval: error: squad-dev-v1.1.json.zip not found in {tmp_path}/shared/")
+        assert line.endswith(
+            """pass --metadata '{"data_dir": "DIR"}' or set HF_PARALLEL_DATA=DIR, DIR a folder holding it"""
+        )

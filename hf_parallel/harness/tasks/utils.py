@@ -4,7 +4,8 @@ Each loader is a task's `custom_dataset`: it returns a `datasets.DatasetDict` wi
 pool, which the `first_n` sampler takes in order, so every prompt of a task shares one few-shot prefix) and a
 "validation" split (the documents evaluated, a paragraph's or passage's questions together).  The files come from
 the folder named by `--metadata '{"data_dir": ...}'`, else the environment variable HF_PARALLEL_DATA, else
-`../shared/data/` beside the repository; a missing file is a FileNotFoundError naming where it was looked for.
+`../shared/data/` beside the repository (`hf_parallel.harness.data`); a missing file is a FileNotFoundError naming
+where it was looked for.
 Metrics are the harness's own: DROP's exact match and F1 (`lm_eval.tasks.drop.utils`), accuracy, perplexity.
 """
 
@@ -13,32 +14,17 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import re
 import zipfile
-from pathlib import Path
 
 import datasets
 from lm_eval.tasks.drop import utils as drop
 
-SHARED_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-SQUAD = "squad-dev-v1.1.json.zip"
-DROP = "drop-dev.jsonl.gz"
-BOOK = "war-and-peace.txt.gz"
+from hf_parallel.harness.data import BOOK, DROP, SQUAD, data_file
+
 POOL_DOCUMENTS = 3  # documents whose first question goes to the few-shot pool and not to evaluation
 CHOICES = 4  # answer options of a multiple-choice question
 BOOK_PASSAGE_CHARS = 1200  # the shortest War and Peace paragraph kept as a perplexity document
-
-
-def data_file(name: str, data_dir: str | None = None) -> Path:
-    """The path of the data file `name` (the module docstring says where it is looked for)."""
-    folder = Path(data_dir or os.environ.get("HF_PARALLEL_DATA") or SHARED_DATA)
-    path = folder / name
-    if not path.is_file():
-        raise FileNotFoundError(
-            f'{name} not found in {folder}: pass --metadata \'{{"data_dir": "DIR"}}\' or set HF_PARALLEL_DATA'
-        )
-    return path
 
 
 def squad(data_dir: str | None = None, **_) -> datasets.DatasetDict:
