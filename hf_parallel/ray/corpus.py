@@ -255,7 +255,8 @@ def write_folder(lines, out: str) -> None:
     """Ray Data's write tasks write the lines into the folder OUT: JSON-lines files, or Parquet where OUT's name ends
     in .parquet; each run adds files of its own."""
     if out.rstrip("/").lower().endswith(PARQUET):
-        lines.map_batches(_columns, batch_format="pyarrow", num_cpus=LIGHT).write_parquet(out, ray_remote_args={"num_cpus": LIGHT})
+        columns = lines.map_batches(_columns, batch_format="pyarrow", num_cpus=LIGHT)
+        columns.write_parquet(out, ray_remote_args={"num_cpus": LIGHT})
     else:
         lines.write_datasink(_json_lines_sink(out), ray_remote_args={"num_cpus": LIGHT})
 
