@@ -40,6 +40,12 @@ Answer questions about documents with parallel prompting.
                  device, appending to OUT.part-RANK; the main process then appends the parts to OUT in
                  input order.  OUT is as one process writes it; a rerun with any number of processes
                  resumes from OUT and any parts left.  Several nodes need OUT on a filesystem they share.
+  a Ray cluster: hf-parallel answer --corpus IN --out OUT --ray [ADDRESS] [--ray-actors N]
+                 (the `ray` extra) a pool of N actors, a model each, answers batches of --ray-batch-size
+                 documents; Ray restarts an actor that dies and retries its batches.  IN: a JSON-lines or
+                 Parquet file or a folder of them; OUT: a JSON-lines file (.jsonl), or a folder that Ray's
+                 write tasks write JSON-lines files into (Parquet where its name ends in .parquet).  Its
+                 lines are one process's, in the order batches finish (--sort: input order); a rerun resumes.
 
 Decoding is the model's generation_config's (greedy for SmolLM2) unless --temperature or --top-p is given:
 --temperature 0 decodes greedily, a temperature above 0 or a --top-p samples (with --seed, reproducibly).

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -309,6 +310,12 @@ def _answer_on_ray(run: CorpusRun, start: float) -> None:
         started = on_ray.start(config.ray or None, quiet=config.quiet)
         if config.quiet or not config.shows_progress():
             ray.data.DataContext.get_current().enable_progress_bars = False
+        if on_ray.spare_cpus(cluster) < 1:
+            parser.fail(
+                f"{cluster.actors} actor(s) of {cluster.cpus_per_actor:g} CPU(s) leave the cluster's "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPU(s) none to read and write the corpus: lower "
+                "--ray-actors or --ray-cpus-per-actor (0.5 shares a CPU)"
+            )
         gpus = on_ray.gpus_per_actor(cluster)
         device = config.device or ("cuda" if gpus > 0 else "cpu")
         dtype = placement(device, config.dtype)[1]
@@ -375,7 +382,9 @@ def _append_on_ray(run: CorpusRun, lines: list[dict]) -> None:
 
 
 def _first_line(error: Exception) -> str:
-    """The cause's message of a Ray error (whose own message carries the remote traceback)."""
-    cause = getattr(error, "cause", None) or error.__cause__ or error
-    text = str(cause).strip().splitlines()
-    return text[-1] if text else type(cause).__name__
+    """What a Ray error says went wrong: the last "SomeError: message" line of its text (which carries the remote
+    traceback), else its last line."""
+    cause = getattr(error, "cause", None) or error
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return (named or lines or [type(cause).__name__])[-1]

@@ -18,8 +18,9 @@ import io
 import json
 import os
 import posixpath
+import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 from ..frontends.corpus import answer_key, answer_line, corpus_record, corpus_records, error_line, finished_lines
@@ -28,8 +29,8 @@ from .answerer import Answerer
 
 PARQUET = ".parquet"
 JSON_LINES = (".jsonl", ".json", ".ndjson")  # an OUT of one of these names is a file; any other a folder
-# the CPUs Ray reserves for a task that reads, numbers, renders or writes lines: none, as light work next to the model
-# which must not wait for the CPUs the actors hold (two actors of one CPU on a two-CPU cluster would leave none)
+# the CPUs Ray reserves for a task that reads, renders or writes lines: none, as light work next to the model's, which
+# must not wait for the CPUs the actors hold
 LIGHT = 0
 
 
@@ -49,7 +50,7 @@ class Cluster:
     batch_size: int = 32
     max_restarts: int = -1
     max_task_retries: int = -1
-    stage: type = field(default=Answerer, repr=False)  # the map_batches class (a subclass injects faults in tests)
+    stage: type | None = None  # the map_batches class; None: `Answerer`
 
 
 def start(address: str | None, quiet: bool = False) -> bool:
@@ -70,6 +71,13 @@ def gpus_per_actor(cluster: Cluster) -> float:
     if cluster.gpus_per_actor is not None:
         return cluster.gpus_per_actor
     return 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+
+def spare_cpus(cluster: Cluster) -> float:
+    """The cluster's CPUs that its actors leave to the tasks that read and write (at least one is needed)."""
+    import ray
+
+    return ray.cluster_resources().get("CPU", 0) - cluster.actors * cluster.cpus_per_actor
 
 
 # --------------------------------------------------------------------------- paths
@@ -115,7 +123,17 @@ def corpus_dataset(source: str, skip: Iterable[str] = ()):
     folder = filesystem(source)[1] if is_folder(source) else None
     rows = partial(_file_rows, folder=folder, skip=frozenset(skip))
     read = ray.data.read_binary_files(source, include_paths=True, num_cpus=LIGHT)
-    return read.flat_map(rows, num_cpus=LIGHT)
+    return read.map_batches(partial(_files_rows, rows=rows), batch_format="pyarrow")  # a CPU: see `answered`
+
+
+def _files_rows(files, rows):
+    """A batch of input files' rows (`_file_rows`), as one table (a map_batches stage of Ray's default resources,
+    which `answered`'s repartition fuses with: its tasks cut the table into batches)."""
+    import pyarrow as pa
+
+    schema = pa.schema([("key", pa.string()), ("document", pa.string()), ("questions", pa.list_(pa.string())),
+                        ("error", pa.string())])  # fmt: skip
+    return pa.Table.from_pylist([row for file in files.to_pylist() for row in rows(file)], schema=schema)
 
 
 def _file_rows(file: dict, folder: str | None, skip: frozenset) -> list[dict]:
@@ -135,7 +153,7 @@ def _file_rows(file: dict, folder: str | None, skip: frozenset) -> list[dict]:
         records, problems = corpus_records(io.StringIO(file["bytes"].decode("utf-8"), newline=None))
     rows = [_row(name, r["line"], r["id"], r["document"], r["questions"], None) for r in records]
     rows += [_row(name, number, None, None, None, problem) for number, problem in problems]
-    return [row for row in rows if row["key"] not in skip]
+    return [row for row in rows if _key_of(row) not in skip]
 
 
 def _row(file, line: int, record_id, document, questions, error) -> dict:
@@ -164,19 +182,29 @@ def _key_of(row: dict) -> str:
 def answered(rows, cluster: Cluster, **stage_options):
     """The rows answered by `cluster.stage` on a pool of `cluster.actors` actors: each row's output line, JSON text
     in a "json" column.  stage_options: `Answerer`'s."""
-    batches = rows.repartition(target_num_rows_per_block=cluster.batch_size)  # a block a batch: spread over actors
-    stage = batches.map_batches(
-        cluster.stage,
+    # a block a batch, so that batches spread over the actors; fused into the reading stage's tasks, which take a CPU
+    # (Ray's default, as the repartition's): the actors must leave one (`spare_cpus`)
+    batches = rows.repartition(target_num_rows_per_block=cluster.batch_size)
+    with warnings.catch_warnings():  # Ray 2.60 deprecates its remote args as keywords, with no other way to set
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")  # these two (the extra: <2.64)
+        stage = _stage(batches, cluster, stage_options)
+    return stage.map_batches(_lines, batch_format="pyarrow", num_cpus=LIGHT)
+
+
+def _stage(batches, cluster: Cluster, stage_options: dict):
+    from ray.data import ActorPoolStrategy
+
+    return batches.map_batches(
+        cluster.stage or Answerer,
         fn_constructor_kwargs=stage_options,
         batch_size=cluster.batch_size,
         batch_format="pyarrow",
-        concurrency=cluster.actors,
+        compute=ActorPoolStrategy(size=cluster.actors),
         num_gpus=gpus_per_actor(cluster),
         num_cpus=cluster.cpus_per_actor,
         max_restarts=cluster.max_restarts,
         max_task_retries=cluster.max_task_retries,
     )
-    return stage.map_batches(_lines, batch_format="pyarrow", num_cpus=LIGHT)
 
 
 def _lines(batch):
