@@ -90,9 +90,9 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
 
         merge_parts(config.out, answer_key, lambda line: line["line"])
         if config.sort:
-            from ..ray.corpus import sort_file  # start-up: as merge_parts
+            from ..frontends.corpus import sort_output  # start-up: as merge_parts
 
-            sort_file(config.out)
+            sort_output(config.out)
     if run.state.num_processes == 1:  # under several, each process knows only its own share
         where = f"answers in {config.out}" if config.out else "answers written to standard output"
         failed = f"; {run.failed} bad line(s) written as error lines (reported above)" if run.failed else ""
@@ -343,7 +343,9 @@ def _answer_on_ray(run: CorpusRun, start: float) -> None:
         if started:
             ray.shutdown()
     if config.sort:
-        on_ray.sort_file(config.out)
+        from ..frontends.corpus import sort_output  # start-up: as on_ray
+
+        sort_output(config.out)
     where = f"answers in {config.out}" if file_out else f"answers written into {config.out} by Ray's write tasks"
     failed = f"; {run.failed} bad line(s) written as error lines (reported above)" if run.failed else ""
     count = f"{run.documents} document(s), {run.questions} question(s) answered" if file_out else "answered"

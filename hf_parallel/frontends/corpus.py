@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, check_tokens, eos_token_ids
 from ..engine.generate import stream_tokens
-from .jsonlines import read_json_lines
+from .jsonlines import append_json_lines, read_json_lines
 from .prompting import render_prompts
 
 # Prompt tokens per generate_tokens call (each document's shared prefix counted once): enough to
@@ -261,6 +261,17 @@ def is_output_line(record) -> bool:
     if not isinstance(record, dict):
         return False
     return {"line", "questions", "answers"} <= record.keys() or {"line", "error"} <= record.keys()
+
+
+def sort_output(path: str | Path) -> None:
+    """Rewrite an output file with its lines in input order (by "file", where a line has one, then "line"); the new
+    file replaces the old at once, so an interruption leaves one or the other."""
+    lines = [line for line in read_json_lines(path) if isinstance(line, dict)]
+    lines.sort(key=lambda line: (line.get("file") or "", line.get("line", 0)))
+    sorting = Path(f"{path}.sorting")
+    sorting.unlink(missing_ok=True)
+    append_json_lines(sorting, lines)
+    os.replace(sorting, path)
 
 
 # --------------------------------------------------------------------------- the output's lines

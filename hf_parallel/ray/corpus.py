@@ -310,17 +310,3 @@ def _json_lines_sink(out: str):
             file.write(text.encode("utf-8"))
 
     return JsonLinesDatasink(out, file_format="jsonl")
-
-
-def sort_file(out: str) -> None:
-    """Rewrite the OUT file with its lines in input order (by file, then line); the new file replaces the old at
-    once, so an interruption leaves one or the other."""
-    from ..frontends.jsonlines import append_json_lines, read_json_lines
-
-    lines = [line for line in read_json_lines(out) if isinstance(line, dict)]
-    lines.sort(key=lambda line: (line.get("file") or "", line.get("line", 0)))
-    sorting = f"{out}.sorting"
-    if os.path.exists(sorting):
-        os.remove(sorting)
-    append_json_lines(sorting, lines)
-    os.replace(sorting, out)
