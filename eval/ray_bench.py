@@ -3,7 +3,8 @@
 The corpus is SQuAD v1.1 dev's first --docs paragraphs with at least --questions questions, the first --questions
 of each.  Each run is the command itself in a fresh process, timed from start to exit (torch's import, the
 cluster's start where the command starts one, the actors' model loads, the answers, the shutdown); every run's
-lines are checked equal, once sorted, to the one-process run's.  Ray's start-up is measured apart: `ray.init` of
+lines are checked equal, once sorted, to the one-process run's, whose calls hold about as many documents as a
+batch on Ray (--tokens-per-call).  Ray's start-up is measured apart: `ray.init` of
 a local cluster (or the connection to --ray's), a first task's round trip, and `ray.shutdown`.
 
   python eval/ray_bench.py --docs 200 --questions 4 --max-new-tokens 16 --actors 1,2 --out results/ray
@@ -85,6 +86,12 @@ def main(argv=None) -> None:
     parser.add_argument("--gpus-per-actor", type=float, help="--ray-gpus-per-actor (default: the command's)")
     parser.add_argument("--cpus-per-actor", type=float, default=0.5, help="--ray-cpus-per-actor")
     parser.add_argument("--batch-size", type=int, default=32, help="--ray-batch-size")
+    parser.add_argument(
+        "--tokens-per-call",
+        type=int,
+        default=8192,
+        help="the one process's --tokens-per-call: about --batch-size documents a call, as on Ray",
+    )
     parser.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs of the start-up's local cluster")
     parser.add_argument("--no-baseline", action="store_true", help="skip the one-process run")
     parser.add_argument("--out", type=Path, required=True, help="folder of the results' JSON and the runs' files")
@@ -107,9 +114,9 @@ def main(argv=None) -> None:
     if not args.no_baseline:
         out = work / "one-process.jsonl"
         out.unlink(missing_ok=True)
-        seconds = timed([*common, "--out", str(out)])
+        seconds = timed([*common, "--out", str(out), "--tokens-per-call", str(args.tokens_per_call)])
         expected = sorted(out.read_text().splitlines())
-        result["runs"].append({"run": "one process", "wall_s": seconds})
+        result["runs"].append({"run": "one process", "wall_s": seconds, "tokens_per_call": args.tokens_per_call})
         print(f"one process: {seconds:.1f} s", flush=True)
     for actors in [int(a) for a in args.actors.split(",")]:
         out = work / f"ray-{actors}.jsonl"

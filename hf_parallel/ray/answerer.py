@@ -43,14 +43,18 @@ class Answerer:
         dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32", "bfloat16" or "float16".
         device: None: cuda when the actor has a GPU, else cpu; "auto": the model spread over the
             actor's GPUs by accelerate (`device_map="auto"`), for actors of several GPUs.
-        document_column, questions_column: the columns read.
+        document_column: the column of the documents read.
+        questions_column: the column of the questions read (a list of strings a row).
         answers_column: the column added: per row, one answer per question (a list of
             `num_return_sequences` answers per question where it is above 1), None for an error row.
         error_column: the column added (or passed through): None, or why the row has no answers.
-        template, use_chat_template, system_prompt: the prompt options, as for `generate_parallel`.
+        template: the prompt's user turn, as for `generate_parallel`.
+        use_chat_template: as for `generate_parallel`.
+        system_prompt: as for `generate_parallel`.
         progress: the model's loading bars on the actor's stderr.
-        **options: generation options, as for `generate_tokens` (`max_new_tokens`, `temperature`,
-            `attn`, `max_memory`, ...).
+
+    Any other keyword argument is a generation option, as for `generate_tokens` (`max_new_tokens`,
+    `temperature`, `attn`, `max_memory`, ...).
     """
 
     def __init__(
