@@ -146,7 +146,7 @@ def _column(batch, name: str) -> list:
 def _with_columns(batch, added: dict, returns: int):
     """The batch with the `added` columns (put in place of those of the same names), in the batch's format."""
     if isinstance(batch, dict):
-        import numpy as np
+        import numpy as np  # start-up: for the "numpy" format only
 
         out = dict(batch)
         for name, values in added.items():
@@ -155,7 +155,7 @@ def _with_columns(batch, added: dict, returns: int):
                 out[name][i] = value
         return out
     if hasattr(batch, "column_names"):
-        import pyarrow as pa
+        import pyarrow as pa  # optional: the ray extra
 
         answers = pa.list_(pa.string()) if returns == 1 else pa.list_(pa.list_(pa.string()))
         answers_column, error_column = list(added)[:2]

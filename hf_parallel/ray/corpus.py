@@ -56,7 +56,7 @@ class Cluster:
 def start(address: str | None, quiet: bool = False) -> bool:
     """Connect to Ray unless this process already has: `address` ("auto", HOST:PORT, ray://...) or, None, a cluster
     running on this machine, else a new local one.  Whether this call started the connection (to be shut down)."""
-    import ray
+    import ray  # optional: the ray extra
 
     if ray.is_initialized():
         return False
@@ -66,7 +66,7 @@ def start(address: str | None, quiet: bool = False) -> bool:
 
 def gpus_per_actor(cluster: Cluster) -> float:
     """The GPUs each actor asks for: the given number, else 1 where the cluster has GPUs, else 0."""
-    import ray
+    import ray  # optional: the ray extra
 
     if cluster.gpus_per_actor is not None:
         return cluster.gpus_per_actor
@@ -75,7 +75,7 @@ def gpus_per_actor(cluster: Cluster) -> float:
 
 def spare_cpus(cluster: Cluster) -> float:
     """The cluster's CPUs that its actors leave to the tasks that read and write (at least one is needed)."""
-    import ray
+    import ray  # optional: the ray extra
 
     return ray.cluster_resources().get("CPU", 0) - cluster.actors * cluster.cpus_per_actor
 
@@ -85,7 +85,7 @@ def spare_cpus(cluster: Cluster) -> float:
 
 def filesystem(path: str):
     """(pyarrow filesystem, path in it) of a local path or a URI (s3://, gs://, ...)."""
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # optional: the ray extra
 
     if "://" in path:
         return pafs.FileSystem.from_uri(path)
@@ -93,7 +93,7 @@ def filesystem(path: str):
 
 
 def is_folder(path: str) -> bool:
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # optional: the ray extra
 
     fs, where = filesystem(path)
     return fs.get_file_info(where).type == pafs.FileType.Directory
@@ -118,7 +118,7 @@ def line_key(line: dict) -> str:
 def corpus_dataset(source: str, skip: Iterable[str] = ()):
     """Ray Data rows of the corpus `source` (a file or a folder of JSON-lines and Parquet files, local or a URI):
     {"key", "document", "questions", "error"}, an error row per bad line, none for the keys (`line_key`) in skip."""
-    import ray
+    import ray  # optional: the ray extra
 
     folder = filesystem(source)[1] if is_folder(source) else None
     rows = partial(_file_rows, folder=folder, skip=frozenset(skip))
@@ -129,7 +129,7 @@ def corpus_dataset(source: str, skip: Iterable[str] = ()):
 def _files_rows(files, rows):
     """A batch of input files' rows (`_file_rows`), as one table (a map_batches stage of Ray's default resources,
     which `answered`'s repartition fuses with: its tasks cut the table into batches)."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional: the ray extra
 
     schema = pa.schema([("key", pa.string()), ("document", pa.string()), ("questions", pa.list_(pa.string())),
                         ("error", pa.string())])  # fmt: skip
@@ -140,8 +140,8 @@ def _file_rows(file: dict, folder: str | None, skip: frozenset) -> list[dict]:
     """One input file's rows (`corpus_dataset`): its lines numbered as `corpus_records` numbers them."""
     name = posixpath.relpath(file["path"], folder) if folder is not None else None
     if file["path"].lower().endswith(PARQUET):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow as pa  # optional: the ray extra
+        import pyarrow.parquet as pq  # optional: the ray extra
 
         records, problems, seen = [], [], {}
         for number, row in enumerate(pq.read_table(pa.BufferReader(file["bytes"])).to_pylist(), 1):
@@ -192,7 +192,7 @@ def answered(rows, cluster: Cluster, **stage_options):
 
 
 def _stage(batches, cluster: Cluster, stage_options: dict):
-    from ray.data import ActorPoolStrategy
+    from ray.data import ActorPoolStrategy  # optional: the ray extra
 
     return batches.map_batches(
         cluster.stage or Answerer,
@@ -209,7 +209,7 @@ def _stage(batches, cluster: Cluster, stage_options: dict):
 
 def _lines(batch):
     """A batch's output lines, as JSON text."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional: the ray extra
 
     lines = [json.dumps(output_line(row), ensure_ascii=False) for row in batch.to_pylist()]
     return pa.table({"json": pa.array(lines, type=pa.string())})
@@ -233,7 +233,7 @@ def held_lines(out: str) -> dict[str, dict]:
     A JSON-lines file's last line cut short is cut off the file (its document runs again); a Parquet file
     that cannot be read (cut short while written) is removed; a line that is not an output line raises
     ValueError naming it."""
-    import pyarrow.fs as pafs
+    import pyarrow.fs as pafs  # optional: the ray extra
 
     fs, where = filesystem(out)
     info = fs.get_file_info(where)
@@ -268,8 +268,8 @@ def _read_lines(fs, path: str) -> list:
 
 def _read_parquet(fs, path: str) -> list:
     """A Parquet output file's lines, without their null fields; a file that cannot be read is removed."""
-    import pyarrow
-    import pyarrow.parquet as pq
+    import pyarrow  # optional: the ray extra
+    import pyarrow.parquet as pq  # optional: the ray extra
 
     try:
         rows = pq.read_table(path, filesystem=fs).to_pylist()
@@ -291,7 +291,7 @@ def write_folder(lines, out: str) -> None:
 
 def _columns(batch):
     """Output lines as Parquet columns: each line's fields, null where a line has none."""
-    import pyarrow as pa
+    import pyarrow as pa  # optional: the ray extra
 
     rows = [json.loads(text) for text in batch.column("json").to_pylist()]
     names = ["file", "line", "id", "questions", "answers", "error", "model", "options"]
@@ -300,7 +300,7 @@ def _columns(batch):
 
 
 def _json_lines_sink(out: str):
-    from ray.data.datasource import BlockBasedFileDatasink
+    from ray.data.datasource import BlockBasedFileDatasink  # optional: the ray extra
 
     class JsonLinesDatasink(BlockBasedFileDatasink):
         """Each block's "json" column, a line each, as it is (Ray's write_json would rewrite it through pandas)."""
