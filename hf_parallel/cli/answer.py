@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, fields
 
 from ..decoding.sizes import parse_memory
-from ..frontends.model_loading import MODEL_HELP, ModelSourceError, load_model
+from ..frontends.model_loading import MODEL_HELP, ModelSourceError, load_model, placement
 from ..frontends.progress import shown
 from ..frontends.templates import check_template
 from .usage import UsageParser, positive_int
@@ -40,6 +40,12 @@ Answer questions about documents with parallel prompting.
                  device, appending to OUT.part-RANK; the main process then appends the parts to OUT in
                  input order.  OUT is as one process writes it; a rerun with any number of processes
                  resumes from OUT and any parts left.  Several nodes need OUT on a filesystem they share.
+  a Ray cluster: hf-parallel answer --corpus IN --out OUT --ray [ADDRESS] [--ray-actors N]
+                 (the `ray` extra) a pool of N actors, a model each, answers batches of --ray-batch-size
+                 documents; Ray restarts an actor that dies and retries its batches.  IN: a JSON-lines or
+                 Parquet file or a folder of them; OUT: a JSON-lines file (.jsonl), or a folder that Ray's
+                 write tasks write JSON-lines files into (Parquet where its name ends in .parquet).  Its
+                 lines are one process's, in the order batches finish (--sort: input order); a rerun resumes.
 
 Decoding is the model's generation_config's (greedy for SmolLM2) unless --temperature or --top-p is given:
 --temperature 0 decodes greedily, a temperature above 0 or a --top-p samples (with --seed, reproducibly).
@@ -53,6 +59,8 @@ ATTENTION = ("auto", "reference", "triton")
 DEFAULT_MAX_NEW_TOKENS = 256
 TOKENS_PER_CALL = 65536
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+RAY_FLAGS = ("ray_actors", "ray_gpus_per_actor", "ray_cpus_per_actor", "ray_batch_size")
+RAY_BATCH_SIZE = 32  # spelled out as TOKENS_PER_CALL is: hf_parallel.ray.corpus.Cluster's batch_size
 
 
 @dataclass
@@ -86,6 +94,12 @@ class AnswerConfig:
     threads: int | None = None  # CPU threads torch computes on; default: `frontends.threads` chooses
     json: bool = False  # one document's answers as one JSON object (single-document mode)
     force: bool = False  # resume an --out that another model or other options wrote (corpus mode)
+    sort: bool = False  # once every document is answered, rewrite --out in input order (corpus mode)
+    ray: str | None = None  # on a Ray cluster: "" (one running here, else a new local one), "auto" or an address
+    ray_actors: int | None = None  # model replicas on the cluster; default 1
+    ray_gpus_per_actor: float | None = None  # default: 1 where the cluster has GPUs, else 0
+    ray_cpus_per_actor: float | None = None  # default: 1
+    ray_batch_size: int | None = None  # documents per batch, one engine call each; default RAY_BATCH_SIZE
 
     def __post_init__(self):
         self._check_inputs()
@@ -111,12 +125,32 @@ class AnswerConfig:
             check_template(self.template)
 
     def _check_modes(self) -> None:
+        self._check_ray()
+        if self.sort and not self.out:
+            raise ValueError("--sort rewrites --out in input order: give --out")
         if self.json and self.corpus:
             raise ValueError("--json is for one document (--document); a corpus's output is JSON lines already")
         if self.force and not self.out:
             raise ValueError("--force resumes an --out that another model or other options wrote: give --out")
         if self.quiet and self.progress:
             raise ValueError("--quiet hides the progress bars that --progress asks for: give one of them")
+
+    def _check_ray(self) -> None:
+        given = [name for name in RAY_FLAGS if getattr(self, name) is not None]
+        if given and self.ray is None:
+            raise ValueError(f"--{given[0].replace('_', '-')} needs --ray")
+        if self.ray is None:
+            return
+        if not self.corpus or not self.out:
+            raise ValueError("--ray answers a corpus into a file or folder: give --corpus and --out")
+        if self.device is not None and self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--ray: each actor runs on the GPU Ray gives it: --device cpu or cuda, not {self.device}")
+        for name in ("ray_actors", "ray_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("ray_gpus_per_actor", "ray_cpus_per_actor"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def _check_generation(self) -> None:
         if self.attn not in ATTENTION:
@@ -236,6 +270,31 @@ def add_arguments(parser: UsageParser) -> None:
         action="store_true",
         help="corpus mode: add to an --out that another model or other options wrote (default: refuse it)",
     )
+    add(
+        "--sort", action="store_true", help="corpus mode: once every document is answered, rewrite --out in input order"
+    )
+    add(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="corpus mode: answer on a Ray cluster (the `ray` extra): auto, an address, or, without one, a cluster "
+        "running here, else a new local one",
+    )
+    add("--ray-actors", type=positive_int, metavar="N", help="--ray: model replicas, one actor each (default: 1)")
+    add(
+        "--ray-gpus-per-actor",
+        type=float,
+        metavar="G",
+        help="--ray: GPUs each actor takes; a fraction packs several on a GPU (default: 1 where the cluster has GPUs)",
+    )
+    add("--ray-cpus-per-actor", type=float, metavar="C", help="--ray: CPUs each actor takes (default: 1)")
+    add(
+        "--ray-batch-size",
+        type=positive_int,
+        metavar="N",
+        help=f"--ray: documents per batch, answered in one call (default: {RAY_BATCH_SIZE})",
+    )
 
 
 def config_from(parser: UsageParser, args: argparse.Namespace) -> AnswerConfig:
@@ -307,12 +366,3 @@ def load_named(
         return load_model(model, getattr(torch, dtype), device, progress)
     except ModelSourceError as error:
         parser.fail(str(error))
-
-
-def placement(device: str | None, dtype: str) -> tuple[str, str]:
-    """(device, dtype name) the flags resolve to: device None is cuda when there is one, else cpu; dtype "auto" is
-    bfloat16 on CUDA, float32 on the CPU."""
-    import torch  # start-up: as in load_named
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return device, dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")

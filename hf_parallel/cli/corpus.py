@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..frontends.jsonlines import append_json_lines, read_json_lines
-from ..frontends.model_loading import DEFAULT_NAME
 from .answer import AnswerConfig, load, placement
 from .usage import INTERRUPTED, UsageParser
-
-# the generation options that change answers, recorded in each line (the others change only the speed)
-ANSWER_OPTIONS = ("max_new_tokens", "do_sample", "temperature", "top_p", "seed")
 
 
 @dataclass
@@ -38,15 +35,18 @@ class CorpusRun:
     failed: int = 0  # error lines written by this process
 
     def write(self, target: Path | None, record: dict, answers: list) -> None:
-        """The document's line, on disk (or standard output) before returning."""
-        line = {"line": record["line"], "id": record["id"], "questions": record["questions"], "answers": answers}
-        self._emit(target, {k: v for k, v in line.items() if k != "id" or v is not None} | self.record)
+        """The document's line (`answer_line`), on disk (or standard output) before returning."""
+        from ..frontends.corpus import answer_line  # start-up: torch loads once the corpus is found
+
+        self._emit(target, answer_line(record, answers, self.record))
         self.documents, self.questions = self.documents + 1, self.questions + len(record["questions"])
 
     def write_error(self, target: Path | None, line: int, problem: str, id=None) -> None:
         """A bad input line's error line, {"line", "id" (where the line has one), "error", "model", "options"}, as the
         document's line is written (`write`): a rerun finds it done."""
-        self._emit(target, {"line": line} | ({"id": id} if id is not None else {}) | {"error": problem} | self.record)
+        from ..frontends.corpus import error_line  # start-up: as in write
+
+        self._emit(target, error_line(line, problem, id, self.record))
         self.failed += 1
 
     @staticmethod
@@ -72,6 +72,9 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
     in input order.  Parts left by an interrupted run are honoured the same way by one process.
     """
     start, run = time.perf_counter(), CorpusRun(parser, config)
+    if config.ray is not None:
+        _answer_on_ray(run, start)
+        return
     _check_readable(parser, config.corpus)  # before torch loads: a mistyped path is answered at once
     try:
         _answer_share(run)
@@ -86,6 +89,10 @@ def answer_corpus(parser: UsageParser, config: AnswerConfig) -> None:
         from ..frontends.corpus import answer_key  # start-up: as merge_parts
 
         merge_parts(config.out, answer_key, lambda line: line["line"])
+        if config.sort:
+            from ..frontends.corpus import sort_output  # start-up: as merge_parts
+
+            sort_output(config.out)
     if run.state.num_processes == 1:  # under several, each process knows only its own share
         where = f"answers in {config.out}" if config.out else "answers written to standard output"
         failed = f"; {run.failed} bad line(s) written as error lines (reported above)" if run.failed else ""
@@ -144,12 +151,9 @@ def _answer_share(run: CorpusRun) -> None:
 
 def _recorded(config: AnswerConfig, dtype: str) -> dict:
     """What each line records: the model (a directory as its absolute path) and the options that change answers."""
-    model = config.model or DEFAULT_NAME
-    if config.model and Path(config.model).expanduser().is_dir():
-        model = str(Path(config.model).expanduser().resolve())
-    generation = {k: v for k, v in config.generation_options().items() if k in ANSWER_OPTIONS}
-    prompts = {"template": config.template, "system_prompt": config.system_prompt}
-    return {"model": model, "options": {"dtype": dtype, **generation, **{k: v for k, v in prompts.items() if v}}}
+    from ..frontends.corpus import run_record  # start-up: as in _answer_share
+
+    return run_record(config.model, dtype, config.generation_options(), config.template, config.system_prompt)
 
 
 def _saved(run: CorpusRun) -> str:
@@ -198,22 +202,30 @@ def _corpus_todo(run: CorpusRun) -> tuple[list[dict], list[tuple]]:
     for line, problem in problems:
         _skip(run, line, problem)
     questions = {answer_key(r): r["questions"] for r in records}
-    for key, held in finished.items():
-        if "error" not in held and questions.get(key) != held["questions"]:
-            parser.fail(
-                f"{config.out} holds the answers of another corpus (its {key[0]} {key[1]!r} has other questions "
+    _refuse_others(run, [(f"{key[0]} {key[1]!r}", held, questions.get(key)) for key, held in finished.items()])
+    return [r for r in records if answer_key(r) not in finished], problems
+
+
+def _refuse_others(run: CorpusRun, held: list[tuple[str, dict, list | None]]) -> None:
+    """A usage error where --out holds another corpus's answers or, unless --force, another run's; else a note of
+    what it holds.  held: (its input line's name, as "id 'x'" or "line 3"; the line in --out; the input line's
+    questions, None where the corpus has no good line of that name) for each line --out holds."""
+    config = run.config
+    for name, line, questions in held:
+        if "error" not in line and questions != line["questions"]:
+            run.parser.fail(
+                f"{config.out} holds the answers of another corpus (its {name} has other questions "
                 f"in {config.corpus}, or none); pass another --out or delete it"
             )
-        if not config.force and {k: held.get(k) for k in run.record} != run.record:
-            parser.fail(
-                f"{config.out} holds answers of another run ({_difference(held, run.record)}); pass --force to add "
+        if not config.force and {k: line.get(k) for k in run.record} != run.record:
+            run.parser.fail(
+                f"{config.out} holds answers of another run ({_difference(line, run.record)}); pass --force to add "
                 "this run's answers to it, or another --out"
             )
-    answered = sum("error" not in held for held in finished.values())
-    if finished:
-        errors = f" (and {len(finished) - answered} error line(s))" if answered < len(finished) else ""
+    answered = sum("error" not in line for _, line, _ in held)
+    if held:
+        errors = f" (and {len(held) - answered} error line(s))" if answered < len(held) else ""
         run.note(f"{answered} document(s) already answered in {config.out}{errors}")
-    return [r for r in records if answer_key(r) not in finished], problems
 
 
 def _difference(held: dict, record: dict) -> str:
@@ -248,23 +260,20 @@ def _held(config: AnswerConfig) -> dict:
 def _fitting(run: CorpusRun, model, tokenizer, records: list[dict], target: Path | None) -> list[dict]:
     """The records whose prompts fit the model's positions; each other one becomes a reported bad line and an error
     line in `target`."""
-    from ..decoding.inputs import check_tokens  # start-up: as in _answer_share
-    from ..frontends.prompting import render_prompts  # start-up: as in _answer_share
+    from ..frontends.corpus import prompt_problem  # start-up: as in _answer_share
 
     config, fitting = run.config, []
+    render = {"template": config.template, "use_chat_template": None, "system_prompt": config.system_prompt}
     for record in records:
         try:
-            render = (config.template, None, config.system_prompt)
-            prompts = render_prompts(tokenizer, record["document"], record["questions"], *render)
+            problem = prompt_problem(model, tokenizer, record, config.max_new_tokens or 0, **render)
         except ValueError as error:  # a flag the tokenizer cannot honour: a system prompt without a chat template
             run.parser.fail(str(error))
-        try:
-            for j, prompt in enumerate(prompts):
-                check_tokens(model, f"question {j}'s prompt", prompt, config.max_new_tokens or 0)
+        if problem is None:
             fitting.append(record)
-        except ValueError as error:
-            _skip(run, record["line"], str(error), share=True)
-            run.write_error(target, record["line"], str(error), record.get("id"))
+        else:
+            _skip(run, record["line"], problem, share=True)
+            run.write_error(target, record["line"], problem, record.get("id"))
     return fitting
 
 
@@ -273,3 +282,111 @@ def _skip(run: CorpusRun, line: int, problem: str, share: bool = False) -> None:
     the process whose `share` it is."""
     if share or run.state is None or run.state.is_main_process:
         print(f"{run.parser.prog}: {run.config.corpus} line {line}: {problem}; skipped", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- on a Ray cluster (--ray)
+
+
+def _answer_on_ray(run: CorpusRun, start: float) -> None:
+    """The corpus's documents that --out does not hold, answered on a Ray cluster (`hf_parallel.ray.corpus`): lines
+    as one process writes them, in the order batches finish (--sort: in input order at the end)."""
+    parser, config = run.parser, run.config
+    if "://" not in config.corpus and not Path(config.corpus).exists():  # before ray and torch load
+        parser.fail(f"cannot read the corpus {config.corpus}: no such file or folder")
+    try:
+        import ray  # optional: the `ray` extra
+    except ImportError as error:
+        parser.fail(f"--ray needs Ray Data ({error}): pip install 'hf-parallel[ray]'")
+    from ..ray import corpus as on_ray  # start-up: torch once the flags are checked
+
+    cluster = on_ray.Cluster(
+        actors=config.ray_actors or 1,
+        gpus_per_actor=config.ray_gpus_per_actor,
+        cpus_per_actor=1 if config.ray_cpus_per_actor is None else config.ray_cpus_per_actor,
+        batch_size=config.ray_batch_size or on_ray.Cluster.batch_size,
+    )
+    started = False
+    try:
+        started = on_ray.start(config.ray or None, quiet=config.quiet)
+        if config.quiet or not config.shows_progress():
+            ray.data.DataContext.get_current().enable_progress_bars = False
+        if on_ray.spare_cpus(cluster) < 1:
+            parser.fail(
+                f"{cluster.actors} actor(s) of {cluster.cpus_per_actor:g} CPU(s) leave the cluster's "
+                f"{ray.cluster_resources().get('CPU', 0):g} CPU(s) none to read and write the corpus: lower "
+                "--ray-actors or --ray-cpus-per-actor (0.5 shares a CPU)"
+            )
+        gpus = on_ray.gpus_per_actor(cluster)
+        device = config.device or ("cuda" if gpus > 0 else "cpu")
+        dtype = placement(device, config.dtype)[1]
+        run.record = _recorded(config, dtype)
+        file_out = on_ray.is_file_output(config.out)
+        if config.sort and not file_out:
+            parser.fail(f'--sort rewrites a JSON-lines file; {config.out} is a folder (its lines have their "line")')
+        held = _held_on_ray(run, on_ray)
+        rows = on_ray.corpus_dataset(config.corpus, skip=held)
+        stage = {"model": config.model, "dtype": dtype, "template": config.template}
+        stage |= {"system_prompt": config.system_prompt, **config.generation_options()}
+        stage["device"] = "auto" if gpus > 1 and config.device is None else config.device
+        lines = on_ray.answered(rows, cluster, **stage)
+        if file_out:
+            Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+            for batch in lines.iter_batches(batch_format="pyarrow", batch_size=None):
+                _append_on_ray(run, [json.loads(text) for text in batch.column("json").to_pylist()])
+        else:
+            on_ray.write_folder(lines, config.out)
+    except KeyboardInterrupt:
+        parser.interrupted(_saved(run))
+    except (ray.exceptions.RayError, ray.data.exceptions.UserCodeException) as error:
+        parser.fail(f"the run on Ray failed: {_first_line(error)}")
+    finally:
+        if started:
+            ray.shutdown()
+    if config.sort:
+        from ..frontends.corpus import sort_output  # start-up: as on_ray
+
+        sort_output(config.out)
+    where = f"answers in {config.out}" if file_out else f"answers written into {config.out} by Ray's write tasks"
+    failed = f"; {run.failed} bad line(s) written as error lines (reported above)" if run.failed else ""
+    count = f"{run.documents} document(s), {run.questions} question(s) answered" if file_out else "answered"
+    run.note(f"{count} in {time.perf_counter() - start:.1f} s on {cluster.actors} Ray actor(s){failed}; {where}")
+
+
+def _held_on_ray(run: CorpusRun, on_ray) -> dict:
+    """The lines --out holds, by `line_key`, checked as a one-process run checks them (`_refuse_others`)."""
+    config = run.config
+    try:
+        held = on_ray.held_lines(config.out)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        run.parser.fail(f"cannot resume from {config.out}: {error}; pass another --out or delete it")
+    answered = [key for key, line in held.items() if "error" not in line]
+    questions = on_ray.held_questions(config.corpus, answered) if answered else {}
+
+    def name(key: str) -> str:
+        file, kind, value = json.loads(key)
+        return f"{kind} {value!r}" + (f" of {file}" if file is not None else "")
+
+    _refuse_others(run, [(name(key), line, questions.get(key)) for key, line in held.items()])
+    return held
+
+
+def _append_on_ray(run: CorpusRun, lines: list[dict]) -> None:
+    """A batch's lines appended to --out, each bad line reported as a one-process run reports it."""
+    for line in lines:
+        if "error" in line:
+            where = f"{line['file']} " if "file" in line else ""
+            print(f"{run.parser.prog}: {run.config.corpus} {where}line {line['line']}: {line['error']}; skipped",
+                  file=sys.stderr)  # fmt: skip
+            run.failed += 1
+        else:
+            run.documents, run.questions = run.documents + 1, run.questions + len(line["questions"])
+    append_json_lines(run.config.out, lines)
+
+
+def _first_line(error: Exception) -> str:
+    """What a Ray error says went wrong: the last "SomeError: message" line of its text (which carries the remote
+    traceback), else its last line."""
+    cause = getattr(error, "cause", None) or error
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return (named or lines or [type(cause).__name__])[-1]

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..decoding.inputs import check_text, check_tokens, eos_token_ids
 from .generate import stream_tokens
-from .jsonlines import read_json_lines
+from .jsonlines import append_json_lines, read_json_lines
 from .prompting import render_prompts
 
 # Prompt tokens per generate_tokens call (each document's shared prefix counted once): enough to
@@ -178,7 +178,13 @@ def _returns_per_prompt(model, options: dict) -> int:
 
 
 def read_corpus(path: str | Path) -> tuple[list[dict], list[tuple[int, str]]]:
-    """The records of a JSON-lines corpus, one {"id"?, "document", "questions"} object a line.
+    """The records of a JSON-lines corpus, one {"id"?, "document", "questions"} object a line (`corpus_records`)."""
+    with open(path, encoding="utf-8") as lines:
+        return corpus_records(lines)
+
+
+def corpus_records(lines: Iterable[str]) -> tuple[list[dict], list[tuple[int, str]]]:
+    """The records of a JSON-lines corpus's lines, one {"id"?, "document", "questions"} object a line.
 
     Returns the good lines' records ({"line", "id", "document", "questions"}; "id" None when
     the line has none) and (line number, message) per bad line; blank lines are skipped.
@@ -186,14 +192,13 @@ def read_corpus(path: str | Path) -> tuple[list[dict], list[tuple[int, str]]]:
     string, it has no questions, or its id is not a string or integer or repeats another's.
     """
     records, problems, seen = [], [], {}
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(_corpus_line(number, line, seen))
-            except (TypeError, ValueError) as error:
-                problems.append((number, str(error)))
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_corpus_line(number, line, seen))
+        except (TypeError, ValueError) as error:
+            problems.append((number, str(error)))
     return records, problems
 
 
@@ -202,6 +207,15 @@ def _corpus_line(number: int, line: str, seen: dict) -> dict:
         row = json.loads(line.rstrip("\r\n"))  # an error names the column, not "line 2 column 1"
     except json.JSONDecodeError as error:
         raise ValueError(f"not JSON ({error})") from None
+    return corpus_record(number, row, seen)
+
+
+def corpus_record(number: int, row, seen: dict) -> dict:
+    """The record {"line", "id", "document", "questions"} of the corpus's line (or row) `number`, a dict with
+    "document", "questions" and an optional "id"; a TypeError or ValueError says why it is bad (`corpus_records`).
+
+    seen: the ids of the lines before it, and their numbers (this one's is added).
+    """
     if not isinstance(row, dict):
         raise TypeError(f'expected a JSON object with "document" and "questions", got {type(row).__name__}')
     record_id, document, questions = as_record(row, "the line")
@@ -228,10 +242,83 @@ def finished_answers(path: str | Path) -> dict[tuple, dict]:
     A last line cut short by an interruption is removed from the file (its document runs again);
     any other line that is not an answer line or an error line raises ValueError naming it.
     """
+    return finished_lines(read_json_lines(path), str(path))
+
+
+def finished_lines(lines: Iterable, name: str) -> dict[tuple, dict]:
+    """`finished_answers` of an output's lines (their JSON values, None for a line that is not JSON); errors name
+    the output `name`."""
     finished = {}
-    for number, record in enumerate(read_json_lines(path), 1):
-        answered = isinstance(record, dict) and {"line", "questions", "answers"} <= record.keys()
-        if not (answered or isinstance(record, dict) and {"line", "error"} <= record.keys()):
-            raise ValueError(f"{path} line {number} is not an answer line of `hf-parallel answer --corpus`")
+    for number, record in enumerate(lines, 1):
+        if not is_output_line(record):
+            raise ValueError(f"{name} line {number} is not an answer line of `hf-parallel answer --corpus`")
         finished[answer_key(record)] = record
     return finished
+
+
+def is_output_line(record) -> bool:
+    """Whether a JSON value is a line of `hf-parallel answer --corpus`'s output: an answer line or an error line."""
+    if not isinstance(record, dict):
+        return False
+    return {"line", "questions", "answers"} <= record.keys() or {"line", "error"} <= record.keys()
+
+
+def sort_output(path: str | Path) -> None:
+    """Rewrite an output file with its lines in input order (by "file", where a line has one, then "line"); the new
+    file replaces the old at once, so an interruption leaves one or the other."""
+    lines = [line for line in read_json_lines(path) if isinstance(line, dict)]
+    lines.sort(key=lambda line: (line.get("file") or "", line.get("line", 0)))
+    sorting = Path(f"{path}.sorting")
+    sorting.unlink(missing_ok=True)
+    append_json_lines(sorting, lines)
+    os.replace(sorting, path)
+
+
+# --------------------------------------------------------------------------- the output's lines
+
+# the generation options that change answers, recorded in each line (the others change only the speed)
+ANSWER_OPTIONS = ("max_new_tokens", "do_sample", "temperature", "top_p", "seed")
+
+
+def run_record(
+    model: str | None, dtype: str, options: dict, template: str | None = None, system_prompt: str | None = None
+) -> dict:
+    """What each output line records of its run: {"model", "options"}.
+
+    model: the model's name (None: the embedded SmolLM2; a directory: its absolute path); dtype: the
+    dtype's name it runs in; options: the generation options, of which those that change answers
+    (`ANSWER_OPTIONS`) are recorded, with the prompt's template and system prompt where given.
+    """
+    from .model_loading import DEFAULT_NAME  # start-up: as in model_loading, nothing heavy
+
+    name = model or DEFAULT_NAME
+    if model and Path(model).expanduser().is_dir():
+        name = str(Path(model).expanduser().resolve())
+    generation = {k: v for k, v in options.items() if k in ANSWER_OPTIONS}
+    prompts = {"template": template, "system_prompt": system_prompt}
+    return {"model": name, "options": {"dtype": dtype, **generation, **{k: v for k, v in prompts.items() if v}}}
+
+
+def answer_line(record: dict, answers: list, recorded: dict) -> dict:
+    """A document's output line: {"line", "id" (where the record has one), "questions", "answers"} and the run's
+    {"model", "options"} (`run_record`); record: as `corpus_records` reads it."""
+    line = {"line": record["line"], "id": record.get("id"), "questions": record["questions"], "answers": answers}
+    return {k: v for k, v in line.items() if k != "id" or v is not None} | recorded
+
+
+def error_line(line: int, problem: str, record_id, recorded: dict) -> dict:
+    """A bad input line's output line: {"line", "id" (where the line has one), "error"} and the run's record."""
+    return {"line": line} | ({"id": record_id} if record_id is not None else {}) | {"error": problem} | recorded
+
+
+def prompt_problem(model, tokenizer, record: dict, room: int, **render) -> str | None:
+    """Why a record's prompts do not fit the model (the positions its prompt and `room` new tokens need), else
+    None; render: as for `answer_corpus`.  A ValueError where the prompt cannot be rendered at all (a system
+    prompt without a chat template)."""
+    prompts = render_prompts(tokenizer, record["document"], record["questions"], **render)
+    try:
+        for j, prompt in enumerate(prompts):
+            check_tokens(model, f"question {j}'s prompt", prompt, room)
+    except ValueError as error:
+        return str(error)
+    return None

@@ -37,6 +37,15 @@ class ModelSourceError(ValueError):
     """`--model` names nothing that can be loaded; the message says why."""
 
 
+def placement(device: str | None, dtype: str) -> tuple[str, str]:
+    """(device, dtype name) that `--device` and `--dtype` resolve to: device None is cuda when there is one, else
+    cpu; dtype "auto" is bfloat16 on CUDA, float32 on the CPU."""
+    import torch  # start-up: as in load_model
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, dtype if dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+
+
 def load_model(name: str | None, dtype, device: str, progress: bool | None = None):
     """(model, tokenizer) of `name` (None: the embedded SmolLM2) in `dtype` (a torch dtype) on `device`, in eval mode.
 

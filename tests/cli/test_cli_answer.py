@@ -348,6 +348,12 @@ def _files(tmp_path: Path) -> dict:
     ("--corpus none.jsonl --out o.jsonl", "no line of the corpus {none.jsonl} is a document with questions (line 1"),
     ("--corpus in.jsonl --out other.jsonl", "{other.jsonl} holds the answers of another corpus (its id 'cat' has"),
     ("--corpus in.jsonl --out broken.jsonl", "cannot resume from {broken.jsonl}: {broken.jsonl} line 2 is not an"),
+    ("--corpus in.jsonl --sort", "--sort rewrites --out in input order: give --out"),
+    ("--corpus in.jsonl --out o.jsonl --ray-actors 2", "--ray-actors needs --ray"),
+    ("--corpus in.jsonl --ray", "--ray answers a corpus into a file or folder: give --corpus and --out"),
+    ("--corpus in.jsonl --out o.jsonl --ray --device cuda:1", "--ray: each actor runs on the GPU Ray gives it"),
+    ("--corpus in.jsonl --out o.jsonl --ray --ray-gpus-per-actor -1", "ray_gpus_per_actor must be >= 0, got -1.0"),
+    ("--corpus missing.jsonl --out o.jsonl --ray", "cannot read the corpus {missing.jsonl}: no such file or folder"),
 ])  # fmt: skip
 def test_usage_errors(tmp_path, capsys, no_model, flags, message):
     files = _files(tmp_path)
@@ -382,6 +388,9 @@ def test_the_defaults_the_flags_spell_out_are_the_librarys():
     """cli.answer spells these out so that --help loads no torch; they must stay the engine's own."""
     assert answer.ATTENTION[0] == "auto" and set(BACKENDS) <= set(answer.ATTENTION[1:])
     assert (answer.DEFAULT_MAX_NEW_TOKENS, answer.TOKENS_PER_CALL) == (DEFAULT_MAX_NEW_TOKENS, corpus.TOKENS_PER_CALL)
+    from hf_parallel.ray.corpus import Cluster  # imports no ray itself
+
+    assert answer.RAY_BATCH_SIZE == Cluster.batch_size
 
 
 FLAGS = ["--attn", "reference", "--max-memory", "1GiB", "--prefill-chunk", "16", "--seed", "7", "--max-new-tokens", "3"]

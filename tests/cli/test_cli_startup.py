@@ -27,7 +27,7 @@ from hf_parallel.frontends import default_model
 from tests.helpers.char_tokenizers import char_tokenizer
 from tests.helpers.models import tiny_model
 
-HEAVY = ("torch", "transformers", "accelerate", "numpy", "safetensors", "tokenizers", "tqdm")
+HEAVY = ("torch", "transformers", "accelerate", "numpy", "safetensors", "tokenizers", "tqdm", "ray", "pyarrow")
 
 
 def run_python(code: str, tmp_path: Path, **env) -> subprocess.CompletedProcess:
@@ -79,6 +79,11 @@ def test_a_mistake_in_the_flags_imports_neither_torch_nor_transformers(tmp_path)
         ["answer", "--document", "doc.txt", "--questions", "missing.txt"],
         ["answer", "--corpus", "missing.jsonl"],
         ["answer", "--corpus", "in.jsonl", "--json"],
+        ["answer", "--corpus", "in.jsonl", "--out", "out.jsonl", "--ray-actors", "2"],
+        ["answer", "--corpus", "in.jsonl", "--ray"],
+        ["answer", "--corpus", "missing.jsonl", "--out", "out.jsonl", "--ray"],
+        ["answer", "--corpus", "in.jsonl", "--out", "out.jsonl", "--ray", "--device", "cuda:1"],
+        ["answer", "--corpus", "in.jsonl", "--sort"],
         ["demo", "--max-new-tokens", "0"],
         ["answer", "--document", "doc.txt", "--questions", "q.txt", "--max-memory", "12XB"],
         ["answer", "--document", "doc.txt", "--questions", "q.txt", "--template", "{document}"],

@@ -257,3 +257,13 @@ def test_answer_keys_order_the_merge_by_line(tmp_path):
     _write(part_path(out, 1), [{"line": 1, "questions": [], "answers": []}])
     merge_parts(out, answer_key, lambda line: line["line"])
     assert [line["line"] for line in read_json_lines(out)] == [1, 2]
+
+
+def test_sort_rewrites_one_processs_output_in_input_order(single, tiny_dir, tmp_path):
+    source, expected = single
+    out = tmp_path / "out.jsonl"
+    lines = expected.splitlines(keepends=True)
+    out.write_text("".join(reversed(lines)))  # as documents finish, last first
+    cli.main([*_answer(source, out, tiny_dir), "--sort"])  # nothing left to answer: only the sort
+    assert out.read_text() == "".join(sorted(lines, key=lambda line: json.loads(line)["line"]))
+    assert not (tmp_path / "out.jsonl.sorting").exists()

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import hf_parallel
 
-OTHER_PACKAGES = {"torch", "transformers", "datasets"}  # what an example may import besides hf_parallel
+OTHER_PACKAGES = {"torch", "transformers", "datasets", "ray"}  # what an example may import besides hf_parallel
+EXTRAS = {"hf_parallel.ray": ["Answerer"]}  # an optional extra's package and its public names (hf_parallel.ray.__all__)
 
 
 def fenced_blocks(path: Path, language: str) -> list[str]:
@@ -50,13 +51,14 @@ def imported_names(block: str) -> list[tuple[str, str | None]]:
 
 
 def refused_imports(block: str) -> list[str]:
-    """The block's imports of anything but hf_parallel's top-level names, the standard library, torch,
-    transformers and datasets."""
+    """The block's imports of anything but hf_parallel's top-level names (and those of the extras' packages,
+    `EXTRAS`), the standard library, torch, transformers, datasets and ray."""
     refused = []
     for module, name in imported_names(block):
         top = module.split(".")[0]
         if top == "hf_parallel":
-            if module != "hf_parallel" or (name is not None and name not in hf_parallel.__all__):
+            public = EXTRAS.get(module, hf_parallel.__all__ if module == "hf_parallel" else None)
+            if public is None or (name is not None and name not in public):
                 refused.append(f"from {module} import {name}" if name else f"import {module}")
         elif top not in OTHER_PACKAGES and top not in sys.stdlib_module_names:
             refused.append(module)

@@ -17,12 +17,19 @@ from pathlib import Path
 import pytest
 
 import hf_parallel
-from tests.helpers.blocks import fenced_blocks, refused_imports, run_blocks
+from tests.helpers.blocks import EXTRAS, fenced_blocks, refused_imports, run_blocks
 from tests.helpers.project import ROOT
 
 DOCS = ROOT / "docs"
 NEEDS = re.compile(r"# needs (.+)")
-REASONS = {"a GPU and the hub", "the hub", "the hub (datasets)", "a running server", "several processes"}
+REASONS = {
+    "a GPU and the hub",
+    "the hub",
+    "the hub (datasets)",
+    "a running server",
+    "several processes",
+    "a Ray cluster",
+}
 # what only the hub or a GPU gives: a block with one of these must say so in its first line
 HUB_OR_GPU = ('device_map="cuda"', 'device="cuda"', "load_dataset(", "from_pretrained(", "urlopen(")
 
@@ -77,6 +84,12 @@ def test_every_import_in_the_readme_and_the_docs_is_a_public_name():
     assert len(blocks) >= 10
     refused = [(where, name) for where, block in blocks for name in refused_imports(block)]
     assert refused == []
+
+
+def test_the_extras_public_names_are_their_packages():
+    import hf_parallel.ray  # imports no ray itself
+
+    assert EXTRAS == {"hf_parallel.ray": hf_parallel.ray.__all__}
 
 
 def test_the_import_check_refuses_a_submodule_and_an_unknown_name():

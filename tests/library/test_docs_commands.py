@@ -46,6 +46,7 @@ SHELL = {"echo", "printf", "mkdir", "gzip", "tee"}  # they write the files that 
 ALLOWED = {  # commands that cannot run here, and why
     "curl": "asks the server that the line before it starts (tests/server sends the same requests)",
     "jupyter": "opens the notebook in a browser (tests/library/test_notebook.py runs its cells)",
+    "ray": "starts or stops a Ray cluster's processes (tests/ray starts a local cluster with ray.init)",
 }
 ALLOWED_SCRIPTS = {"my_script.py": "the reader's own script, which torchrun starts on every rank"}
 # where a command line stops once its flags are parsed: the work each command starts with
