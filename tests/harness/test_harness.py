@@ -286,8 +286,10 @@ def test_harness_runs_agree_with_the_harness_hf_backend(model_dir, tmp_path):
     assert main(["compare", str(tmp_path / "hf-parallel"), str(tmp_path / "hf")]) == 0
 
 
-def test_hf_parallel_lm_eval_reports_a_refused_model_argument_in_one_line(tmp_path, capsys):
+def test_hf_parallel_lm_eval_reports_a_refused_model_argument_in_one_line(tmp_path, capsys, monkeypatch):
     """`hf-parallel lm-eval`, the model implied: a model argument it does not take stops it before loading."""
+    (tmp_path / "squad-dev-v1.1.json.zip").touch()  # the task's file is there (never read): only the argument is wrong
+    monkeypatch.setenv("HF_PARALLEL_DATA", str(tmp_path))
     with pytest.raises(SystemExit) as stop:
         hf_parallel_main(["lm-eval", "--model_args", f"pretrained={tmp_path},peft=x", "--tasks", "hfp_squad"])
     assert stop.value.code == 2
